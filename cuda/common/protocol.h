@@ -1,0 +1,58 @@
+// What every backend agrees on: the numbering of reduction ops and algorithms
+// (mirrored in jax_ar/_native.py) and the limits of a communicator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jax_ar {
+
+// A group never spans more than one host, so 16 ranks covers every NVLink
+// node we know of with room to spare; control blocks are sized by it.
+inline constexpr int kMaxRanks = 16;
+
+// Every buffer handed between ranks starts on a 16-byte boundary so that the
+// GPU kernels can use 16-byte vector accesses and any 16-byte cut of a packed
+// message falls between elements.
+inline constexpr size_t kAlign = 16;
+
+// The control block (epochs, flags, headers, error record) sits in the first
+// 64 KB of every workspace; data follows.
+inline constexpr size_t kControlBytes = 64 * 1024;
+
+enum class ReduceOp : int32_t { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
+enum class Algorithm : int32_t { kOneShot = 1, kTwoShot = 2 };
+
+inline constexpr size_t AlignUp(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+inline constexpr size_t AlignDown(size_t n, size_t a = kAlign) { return n / a * a; }
+
+inline const char* OpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+inline const char* AlgorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::kOneShot: return "oneshot";
+    case Algorithm::kTwoShot: return "twoshot";
+  }
+  return "?";
+}
+
+// FNV-1a, for call signatures that peers compare: the same on every rank and
+// every build, unlike std::hash.
+inline constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+inline constexpr uint64_t HashMix(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace jax_ar

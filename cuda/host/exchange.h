@@ -1,0 +1,57 @@
+// The host backend's all-reduce protocol, the same one the CUDA kernels run:
+//
+//   one-shot  every rank pushes its whole input into its slot of every peer's
+//             workspace, raises its flag there, waits for all flags, and
+//             reduces the slots in rank order 0..N-1;
+//   two-shot  reduce-scatter (rank j receives everybody's j-th chunk and
+//             reduces it), then all-gather (rank j pushes its reduced chunk to
+//             everybody).
+//
+// Epochs count calls, live in the workspace and are advanced by the call
+// itself; data alternates between two halves of the workspace by epoch
+// parity, which is enough because no rank can start call e+2 before every
+// peer has finished reading call e. Messages larger than the workspace run
+// in several rounds, each a full protocol instance with its own epoch.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/ffi_util.h"
+#include "common/protocol.h"
+#include "host/rank_state.h"
+
+namespace jax_ar::host {
+
+// One array of the call: its input and output and where it sits in the
+// packed message (arrays start on 16-byte boundaries there).
+struct Segment {
+  const std::byte* in = nullptr;
+  std::byte* out = nullptr;
+  size_t bytes = 0;
+  ffi::DataType dtype = ffi::DataType::INVALID;
+  size_t packed_offset = 0;
+};
+
+struct Message {
+  Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world);
+
+  std::vector<Segment> segments;
+  ReduceOp op;
+  Algorithm algorithm;
+  size_t packed_bytes = 0;
+  uint64_t signature = 0;
+  std::string description;
+};
+
+// Runs the whole call for this rank. A failure (a peer that never arrives, a
+// peer in a different call) is recorded in `state`, so every later call of
+// the communicator fails at once with the same message.
+ffi::Error RunAllReduce(RankState& state, const Message& message);
+
+// Builds the segments of a handler's operands; checks dtypes and sizes.
+ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                               std::vector<Segment>& segments);
+
+}  // namespace jax_ar::host

@@ -1,0 +1,136 @@
+// Python module of the host backend: FFI registrations plus the calls that
+// jax_ar/communicator.py makes at setup and close.
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "common/registry.h"
+#include "host/all_reduce.h"
+#include "host/rank_state.h"
+
+namespace nb = nanobind;
+
+namespace jax_ar::host {
+namespace {
+
+// Workspaces created or opened for a communicator, waiting for its ranks to
+// be registered; the rank states then share ownership.
+std::mutex resources_mutex;
+std::map<uint64_t, std::shared_ptr<CommResources>> resources_by_comm;
+
+std::shared_ptr<CommResources> ResourcesOf(uint64_t comm_id) {
+  std::lock_guard<std::mutex> lock(resources_mutex);
+  auto& entry = resources_by_comm[comm_id];
+  if (!entry) entry = std::make_shared<CommResources>();
+  return entry;
+}
+
+uintptr_t Keep(uint64_t comm_id, SharedMemory shm) {
+  auto resources = ResourcesOf(comm_id);
+  std::lock_guard<std::mutex> lock(resources->mutex);
+  const auto address = reinterpret_cast<uintptr_t>(shm.address());
+  resources->segments.push_back(std::move(shm));
+  return address;
+}
+
+template <typename T>
+nb::capsule EncapsulateHandler(T* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_jax_ar_host, m) {
+  m.doc() = "jax_ar host (CPU device) backend";
+
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
+    return targets;
+  });
+
+  m.def("create_workspace",
+        [](uint64_t comm_id, size_t bytes) {
+          SharedMemory shm = SharedMemory::Create(bytes);
+          std::string name = shm.name();
+          return std::make_tuple(name, Keep(comm_id, std::move(shm)));
+        },
+        nb::arg("comm_id"), nb::arg("bytes"),
+        "Creates a zero-filled shared-memory workspace; returns (name, address).");
+
+  m.def("open_workspace",
+        [](uint64_t comm_id, const std::string& name, size_t bytes) {
+          return Keep(comm_id, SharedMemory::Open(name, bytes));
+        },
+        nb::arg("comm_id"), nb::arg("name"), nb::arg("bytes"),
+        "Maps a peer's workspace; returns its address in this process.");
+
+  m.def("unlink_workspaces",
+        [](uint64_t comm_id) {
+          auto resources = ResourcesOf(comm_id);
+          std::lock_guard<std::mutex> lock(resources->mutex);
+          for (SharedMemory& shm : resources->segments) shm.Unlink();
+        },
+        nb::arg("comm_id"),
+        "Removes the names of the segments this process created (mappings stay).");
+
+  m.def("register_rank",
+        [](uint64_t comm_id, int device_ordinal, int rank, int world,
+           const std::vector<uintptr_t>& workspaces, size_t workspace_bytes, double timeout_s,
+           const std::string& label) {
+          if (world < 1 || world > kMaxRanks || rank < 0 || rank >= world ||
+              static_cast<int>(workspaces.size()) != world) {
+            throw std::invalid_argument("jax_ar: bad rank layout for register_rank");
+          }
+          if (workspace_bytes <= kControlBytes) {
+            throw std::invalid_argument("jax_ar: workspace smaller than its control block");
+          }
+          auto state = std::make_shared<RankState>();
+          state->comm_id = comm_id;
+          state->device_ordinal = device_ordinal;
+          state->rank = rank;
+          state->world = world;
+          state->workspace_bytes = workspace_bytes;
+          state->timeout_s = timeout_s;
+          state->label = label;
+          for (int r = 0; r < world; ++r) {
+            state->workspaces[r] = reinterpret_cast<std::byte*>(workspaces[r]);
+          }
+          state->resources = ResourcesOf(comm_id);
+          Registry<RankState>::Instance().Add(comm_id, device_ordinal, std::move(state));
+        },
+        nb::arg("comm_id"), nb::arg("device_ordinal"), nb::arg("rank"), nb::arg("world"),
+        nb::arg("workspaces"), nb::arg("workspace_bytes"), nb::arg("timeout_s"),
+        nb::arg("label"));
+
+  m.def("close_comm",
+        [](uint64_t comm_id) {
+          // Rank states still held by a running call keep the mappings alive
+          // until that call returns.
+          Registry<RankState>::Instance().Remove(comm_id);
+          std::lock_guard<std::mutex> lock(resources_mutex);
+          resources_by_comm.erase(comm_id);
+        },
+        nb::arg("comm_id"));
+
+  m.def("failure",
+        [](uint64_t comm_id, int device_ordinal) -> std::string {
+          auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
+          return state ? state->Failure() : std::string();
+        },
+        nb::arg("comm_id"), nb::arg("device_ordinal"),
+        "The message of the call that broke this rank, or '' while it is healthy.");
+
+  m.def("live_ranks", []() { return Registry<RankState>::Instance().Size(); },
+        "Rank states registered in this process (for leak checks).");
+}
+
+}  // namespace jax_ar::host

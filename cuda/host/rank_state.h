@@ -1,0 +1,86 @@
+// One rank of a communicator on a CPU device: where its peers' workspaces are
+// mapped in this process, and what the workspace control block holds.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/protocol.h"
+#include "host/shm_workspace.h"
+
+namespace jax_ar::host {
+
+// What a sender says about the call its data belongs to; receivers compare it
+// with their own call so that ranks that disagree get an error, not a result.
+struct CallHeader {
+  uint64_t epoch;
+  uint64_t signature;     // hash of algorithm, op, world size, dtypes and sizes
+  uint64_t packed_bytes;  // the whole message, all rounds
+  uint32_t round;
+  uint32_t rounds;
+  char description[104];  // human-readable form of the signature, for errors
+};
+
+// In the receiver's workspace, one per sender. flags[phase] holds the last
+// epoch whose data for that phase has fully landed (stored with release
+// order after the data); headers are kept per epoch parity because a fast
+// sender may already be one call ahead while the receiver reads this one.
+struct alignas(64) Mailbox {
+  uint64_t flags[2];
+  CallHeader headers[2];
+};
+
+struct ControlBlock {
+  uint64_t epoch;  // calls this rank has started; only the owner touches it
+  Mailbox mailboxes[kMaxRanks];
+};
+static_assert(sizeof(ControlBlock) <= kControlBytes, "control block outgrew its region");
+
+// Everything a communicator mapped or created in this process, released when
+// the last rank state referring to it goes away.
+struct CommResources {
+  std::vector<SharedMemory> segments;
+  std::mutex mutex;
+};
+
+struct RankState {
+  uint64_t comm_id = 0;
+  int device_ordinal = 0;
+  int rank = 0;
+  int world = 0;
+  size_t workspace_bytes = 0;
+  double timeout_s = 0;
+  std::string label;  // "axis 'tp'", for messages
+  std::array<std::byte*, kMaxRanks> workspaces{};  // indexed by rank; [rank] is our own
+  std::shared_ptr<CommResources> resources;
+
+  // A device runs one call of a communicator at a time.
+  std::mutex call_mutex;
+
+  // Set by the first failed call; every later call fails at once with it.
+  std::mutex failure_mutex;
+  std::string failure;
+
+  ControlBlock& control(int r) const { return *reinterpret_cast<ControlBlock*>(workspaces[r]); }
+  size_t half_bytes() const { return AlignDown((workspace_bytes - kControlBytes) / 2); }
+  std::byte* data_half(int r, uint64_t epoch) const {
+    return workspaces[r] + kControlBytes + (epoch & 1) * half_bytes();
+  }
+
+  std::string Failure() {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    return failure;
+  }
+  void SetFailure(const std::string& message) {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    if (failure.empty()) failure = message;
+  }
+};
+
+}  // namespace jax_ar::host

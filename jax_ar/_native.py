@@ -1,0 +1,47 @@
+"""The compiled modules and the one loop that registers their FFI targets.
+
+`_jax_ar_host` (CPU devices) is always built; `_jax_ar_cuda` exists when the
+package was built with a CUDA compiler. Each module's `registrations()`
+returns {target name: handler capsule}.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+
+import jax
+
+from . import _jax_ar_host as host
+
+__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "host"]
+
+# Mirrors of cuda/common/protocol.h.
+OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+ALGORITHM_CODES = {"oneshot": 1, "twoshot": 2}
+
+# XLA's platform names for the two kinds of device jax_ar serves.
+_PLATFORMS = {"cpu": ("_jax_ar_host", "cpu"), "gpu": ("_jax_ar_cuda", "CUDA")}
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}
+
+
+def backend_module(platform: str):
+    """The compiled module serving `platform` ("cpu" or "gpu"), its FFI
+    targets registered with XLA. Raises RuntimeError when it was not built."""
+    with _lock:
+        if platform in _loaded:
+            return _loaded[platform]
+        if platform not in _PLATFORMS:
+            raise RuntimeError(f"jax_ar has no backend for {platform!r} devices")
+        module_name, xla_platform = _PLATFORMS[platform]
+        try:
+            module = importlib.import_module(f"jax_ar.{module_name}")
+        except ImportError as e:
+            raise RuntimeError(
+                f"jax_ar was built without its {platform.upper()} module ({module_name}): "
+                "reinstall on a machine with nvcc on PATH (or CUDACXX set) to build it"
+            ) from e
+        for name, capsule in module.registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform=xla_platform)
+        _loaded[platform] = module
+        return module

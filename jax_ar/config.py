@@ -1,0 +1,78 @@
+"""Environment settings and jax_ar's logger.
+
+JAX_AR_ALGO       overrides algorithm="auto" (oneshot | twoshot | psum)
+JAX_AR_TIMEOUT_S  deadline in seconds for every wait (setup and calls)
+JAX_AR_LOG        log level of the "jax_ar" logger (info logs each choice once)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_TIMEOUT_S",
+    "algorithm_override",
+    "log_once",
+    "logger",
+    "resolve_timeout",
+]
+
+ALGORITHMS = ("auto", "oneshot", "twoshot", "psum")
+
+# Long enough for ranks that finish compiling at different times on a loaded
+# machine, short enough that a missing peer is reported well inside a minute.
+DEFAULT_TIMEOUT_S = 20.0
+
+logger = logging.getLogger("jax_ar")
+_level = os.environ.get("JAX_AR_LOG", "").strip().upper()
+if _level:
+    _number = logging.getLevelName(_level)
+    logger.setLevel(_number if isinstance(_number, int) else logging.INFO)
+    if not logger.handlers:
+        _handler = logging.StreamHandler()
+        _handler.setFormatter(logging.Formatter("[jax_ar %(levelname)s] %(message)s"))
+        logger.addHandler(_handler)
+
+_logged: set = set()
+_logged_lock = threading.Lock()
+
+
+def log_once(key, message: str, level: int = logging.INFO) -> None:
+    """Logs `message` the first time `key` is seen in this process."""
+    with _logged_lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    logger.log(level, message)
+
+
+def resolve_timeout(explicit: float | None = None) -> float:
+    """The wait deadline: `explicit`, else JAX_AR_TIMEOUT_S, else the default."""
+    if explicit is None:
+        text = os.environ.get("JAX_AR_TIMEOUT_S", "").strip()
+        if not text:
+            return DEFAULT_TIMEOUT_S
+        try:
+            explicit = float(text)
+        except ValueError:
+            raise ValueError(f"JAX_AR_TIMEOUT_S must be a number of seconds, got {text!r}") from None
+        source = "JAX_AR_TIMEOUT_S"
+    else:
+        source = "timeout_s"
+    if isinstance(explicit, bool) or not isinstance(explicit, (int, float)):
+        raise TypeError(f"{source} must be a number of seconds, got {explicit!r}")
+    if not explicit > 0 or explicit != explicit or explicit == float("inf"):
+        raise ValueError(f"{source} must be a positive, finite number of seconds, got {explicit!r}")
+    return float(explicit)
+
+
+def algorithm_override() -> str | None:
+    """JAX_AR_ALGO if set (checked), else None."""
+    text = os.environ.get("JAX_AR_ALGO", "").strip().lower()
+    if not text or text == "auto":
+        return None
+    if text not in ALGORITHMS:
+        raise ValueError(f"JAX_AR_ALGO must be one of {ALGORITHMS}, got {text!r}")
+    return text
