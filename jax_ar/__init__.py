@@ -1,8 +1,15 @@
 """jax_ar: fast all-reduce and fused all-reduce + RMSNorm for tensor-parallel
 JAX on one NVLink node. See README.md and ../docs for the API and limits."""
-from .all_reduce import all_reduce
-from .communicator import Communicator, setup
-from .errors import JaxArError, JaxArTimeoutError
+import pkgutil as _pkgutil
+
+# Run from a source checkout after `pip install .`, the checkout's jax_ar/
+# (no compiled modules) shadows the installed one; extending __path__ lets
+# the compiled modules be found in the installed copy.
+__path__ = _pkgutil.extend_path(__path__, __name__)
+
+from .all_reduce import all_reduce  # noqa: E402
+from .communicator import Communicator, setup  # noqa: E402
+from .errors import JaxArError, JaxArTimeoutError  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,168 @@
+"""Helpers shared by the test workers (each runs as one rank of a launch).
+
+References are computed on the host in numpy. `emulate_all_reduce` follows
+jax_ar's documented arithmetic exactly (rank order 0..N-1, float32
+accumulation for 16-bit floats, one rounding at the end, wrapping int32
+sums), so results can be compared bit for bit; `reference_float64` is the
+independent float64 reference every result must also be close to.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import jax
+import ml_dtypes
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    "int32": np.dtype(np.int32),
+}
+OPS = ("sum", "avg", "max", "min")
+
+
+def log(*args):
+    print(f"[process {jax.process_index()}]", *args, flush=True)
+
+
+def global_array(x: np.ndarray, mesh, spec) -> jax.Array:
+    """The global array `x` laid out over `mesh` by `spec`, from host data
+    every process holds."""
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
+
+
+def local_shards(y: jax.Array):
+    """[(device, index, numpy data)] of this process's shards of `y`."""
+    return [(s.device, s.index, np.asarray(s.data)) for s in y.addressable_shards]
+
+
+def random_values(rng, shape, dtype, integer_valued=True) -> np.ndarray:
+    """Data that exercises rounding; integer-valued small numbers make sums
+    exact in float32 so every dtype can also be checked against float64."""
+    dtype = np.dtype(dtype)
+    if dtype == np.int32:
+        return rng.integers(-1000, 1000, size=shape, dtype=np.int32)
+    if integer_valued:
+        return rng.integers(-8, 9, size=shape).astype(dtype)
+    return rng.standard_normal(size=shape).astype(np.float32).astype(dtype)
+
+
+def _combine(op, a, b):
+    if op in ("sum", "avg"):
+        return a + b
+    if np.issubdtype(a.dtype, np.integer):
+        return np.maximum(a, b) if op == "max" else np.minimum(a, b)
+    nan = np.isnan(a) | np.isnan(b)
+    pick = np.where(np.isnan(a), a, b)
+    if op == "max":
+        best = np.where(a > b, a, np.where(b > a, b, np.where(np.signbit(a), b, a)))
+    else:
+        best = np.where(a < b, a, np.where(b < a, b, np.where(np.signbit(a), a, b)))
+    return np.where(nan, pick, best)
+
+
+def emulate_all_reduce(parts, op) -> np.ndarray:
+    """jax_ar's exact arithmetic over `parts` (one array per rank, rank order)."""
+    dtype = parts[0].dtype
+    if dtype == np.int32:
+        acc = parts[0].astype(np.int64)
+        for p in parts[1:]:
+            acc = _combine(op, acc, p.astype(np.int64))
+            acc = ((acc + 2**31) % 2**32) - 2**31  # int32 wraps
+        acc = acc.astype(np.int32)
+        if op == "avg":
+            return acc.astype(np.float32) / np.float32(len(parts))
+        return acc
+    with np.errstate(all="ignore"):
+        acc = parts[0].astype(np.float32)
+        for p in parts[1:]:
+            acc = _combine(op, acc, p.astype(np.float32))
+        if op == "avg":
+            acc = acc / np.float32(len(parts))
+        return acc.astype(dtype)
+
+
+def reference_float64(parts, op) -> np.ndarray:
+    stack = np.stack([p.astype(np.float64) for p in parts])
+    return {"sum": stack.sum(0), "avg": stack.mean(0), "max": stack.max(0),
+            "min": stack.min(0)}[op]
+
+
+def assert_bitwise_equal(got: np.ndarray, want: np.ndarray, what: str):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, \
+        f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[got.itemsize]
+    bad = np.flatnonzero(got.reshape(-1).view(unsigned) != want.reshape(-1).view(unsigned))
+    if bad.size:
+        i = bad[0]
+        raise AssertionError(f"{what}: {bad.size} of {got.size} elements differ bitwise; "
+                             f"first at {i}: got {got.reshape(-1)[i]!r}, "
+                             f"want {want.reshape(-1)[i]!r}")
+
+
+def assert_equal_nan_aware(got: np.ndarray, want: np.ndarray, what: str):
+    """Bitwise equal, except that where `want` is NaN any NaN will do (NaN
+    payloads differ between CPUs and GPUs; across ranks they must not)."""
+    got, want = np.asarray(got), np.asarray(want)
+    nan = np.isnan(want.astype(np.float32)) if want.dtype != np.int32 else np.zeros(want.shape, bool)
+    assert np.isnan(got.astype(np.float32))[nan].all(), f"{what}: NaN expected"
+    assert_bitwise_equal(np.where(nan, np.zeros_like(got), got), np.where(nan, np.zeros_like(want), want),
+                         what)
+
+
+def assert_close_to_float64(got, parts, op, what):
+    """Within the rounding of one cast to the result dtype (plus float32
+    accumulation for non-integer data)."""
+    ref = reference_float64(parts, op)
+    got64 = np.asarray(got).astype(np.float64)
+    dtype = np.asarray(got).dtype
+    if dtype == np.int32:
+        np.testing.assert_array_equal(got64, ref, err_msg=what)
+        return
+    eps = {np.dtype(np.float32): 2.0**-23, DTYPES["bfloat16"]: 2.0**-8,
+           np.dtype(np.float16): 2.0**-11}[np.dtype(dtype)]
+    scale = np.max(np.abs(np.stack([p.astype(np.float64) for p in parts])), axis=0) * len(parts)
+    tol = 2 * eps * scale + 2 * eps * np.abs(ref) + 1e-30
+    bad = np.abs(got64 - ref) > tol
+    assert not bad.any(), f"{what}: {bad.sum()} elements off the float64 reference " \
+                          f"(first: got {got64[bad][0]}, want {ref[bad][0]})"
+
+
+def same_on_all_processes(name: str, arrays) -> None:
+    """Asserts every process holds bitwise the same `arrays` (digests are
+    exchanged through the jax.distributed key-value store)."""
+    digest = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(str((a.dtype, a.shape)).encode())
+        digest.update(a.view(np.uint8).tobytes())
+    mine = digest.hexdigest()
+    if jax.process_count() == 1:
+        return
+    from jax_ar import _compat
+
+    client = _compat.distributed_client()
+    me = jax.process_index()
+    client.key_value_set(f"test/{name}/{me}", json.dumps(mine))
+    for p in range(jax.process_count()):
+        theirs = json.loads(client.blocking_key_value_get(f"test/{name}/{p}", 60_000))
+        assert theirs == mine, f"{name}: process {p} holds different bits than process {me}"
+
+
+def main_guard(fn):
+    """Runs fn(argv) and exits non-zero with the traceback on any failure."""
+    try:
+        fn(sys.argv[1:])
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.exit(1)
+    log("worker done")
