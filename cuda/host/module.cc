@@ -15,6 +15,7 @@
 #include "common/registry.h"
 #include "host/all_reduce.h"
 #include "host/rank_state.h"
+#include "host/rms_norm.h"
 
 namespace nb = nanobind;
 
@@ -54,6 +55,9 @@ NB_MODULE(_jax_ar_host, m) {
   m.def("registrations", []() {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
+    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
+    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
+    targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
     return targets;
   });
 
