@@ -8,8 +8,10 @@ import pkgutil as _pkgutil
 __path__ = _pkgutil.extend_path(__path__, __name__)
 
 from .all_reduce import all_reduce  # noqa: E402
+from .all_reduce_rms_norm import all_reduce_rms_norm  # noqa: E402
 from .communicator import Communicator, setup  # noqa: E402
 from .errors import JaxArError, JaxArTimeoutError  # noqa: E402
+from .rms_norm import rms_norm  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -18,5 +20,17 @@ __all__ = [
     "JaxArError",
     "JaxArTimeoutError",
     "all_reduce",
+    "all_reduce_rms_norm",
+    "rms_norm",
     "setup",
 ]
+
+
+def __getattr__(name):
+    # jax_ar.flax needs flax; importing it on first use keeps `import jax_ar`
+    # free of that dependency.
+    if name == "flax":
+        import importlib
+
+        return importlib.import_module(".flax", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

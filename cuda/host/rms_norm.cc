@@ -9,64 +9,6 @@ namespace jax_ar::host {
 
 namespace {
 
-std::string ShapeText(const ffi::AnyBuffer& b) {
-  std::string text = "[";
-  for (size_t i = 0; i < b.dimensions().size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(b.dimensions()[i]);
-  }
-  return text + "]";
-}
-
-bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-  auto da = a.dimensions(), db = b.dimensions();
-  if (da.size() != db.size()) return false;
-  for (size_t i = 0; i < da.size(); ++i) {
-    if (da[i] != db[i]) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-ffi::Error CheckNormOperands(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
-                             float eps, size_t& rows, size_t& hidden) {
-  const ffi::DataType dtype = x.element_type();
-  if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16 &&
-      dtype != ffi::DataType::F16) {
-    return InvalidArgument(std::string(op) + ": x must be float32, bfloat16 or float16, got " +
-                           DtypeName(dtype));
-  }
-  if (gamma.element_type() != dtype) {
-    return InvalidArgument(std::string(op) + ": gamma is " + DtypeName(gamma.element_type()) +
-                           " but x is " + DtypeName(dtype));
-  }
-  if (x.dimensions().size() == 0) return InvalidArgument(std::string(op) + ": x must have rank >= 1");
-  hidden = static_cast<size_t>(x.dimensions().back());
-  if (gamma.dimensions().size() != 1 || static_cast<size_t>(gamma.dimensions()[0]) != hidden) {
-    return InvalidArgument(std::string(op) + ": gamma has shape " + ShapeText(gamma) +
-                           ", expected [" + std::to_string(hidden) + "] for x of shape " +
-                           ShapeText(x));
-  }
-  if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    return InvalidArgument(std::string(op) + ": eps must be positive and finite, got " +
-                           std::to_string(eps));
-  }
-  rows = hidden == 0 ? 0 : x.element_count() / hidden;
-  return ffi::Error::Success();
-}
-
-ffi::Error CheckNormResult(const char* op, const char* name, const ffi::AnyBuffer& x,
-                           const ffi::AnyBuffer& result, ffi::DataType dtype) {
-  if (!SameShape(x, result) || result.element_type() != dtype) {
-    return InvalidArgument(std::string(op) + ": result " + name + " is " +
-                           DtypeName(result.element_type()) + ShapeText(result) + ", expected " +
-                           DtypeName(dtype) + ShapeText(x));
-  }
-  return ffi::Error::Success();
-}
-
-namespace {
-
 // Normalizes rows of x (+ residual) into out (and residual_out).
 template <typename Traits>
 void NormRows(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual, const ffi::AnyBuffer& gamma,

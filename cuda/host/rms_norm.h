@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/ffi_util.h"
+#include "common/rms_norm_args.h"
 #include "host/numeric.h"
 
 namespace jax_ar::host {
@@ -71,16 +72,6 @@ bool DispatchNormDtype(ffi::DataType dtype, Fn&& fn) {
     default: return false;
   }
 }
-
-// Checks the operands every norm handler shares: `x` of any rank >= 1 whose
-// last dimension is the hidden size, `gamma` of shape [hidden] and x's
-// float dtype, eps > 0. Sets rows (product of the leading dims) and hidden.
-ffi::Error CheckNormOperands(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
-                             float eps, size_t& rows, size_t& hidden);
-
-// Checks that `result` has the shape of `x` and element type `dtype`.
-ffi::Error CheckNormResult(const char* op, const char* name, const ffi::AnyBuffer& x,
-                           const ffi::AnyBuffer& result, ffi::DataType dtype);
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kRmsNorm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAddRmsNorm);
