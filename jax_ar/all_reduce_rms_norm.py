@@ -282,16 +282,21 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
         if algorithm == "psum":
             return unfused(psum)
 
-    row_bytes = x.shape[-1] * x.dtype.itemsize
+    # One fused call carries the whole message through the workspace at
+    # once; larger messages take the general path, whose all_reduce runs in
+    # rounds. (Splitting rows over several fused calls would need an order
+    # between them that XLA keeps on every rank, which independent custom
+    # calls do not have.)
+    nbytes = x.size * x.dtype.itemsize
     capacity = comm.capacity_bytes(algorithm)
     reason = _kernel_refuses(x) if x.size else "no elements"
-    if reason is None and row_bytes > capacity:
-        reason = f"one row ({row_bytes} bytes) exceeds the workspace's {capacity} bytes per call"
+    if reason is None and nbytes > capacity:
+        reason = (f"{nbytes} bytes exceed the {capacity} bytes one {algorithm} call carries "
+                  f"(workspace_bytes={comm.workspace_bytes})")
     if reason is not None:
         config.log_once(("all_reduce_rms_norm general", reason),
                         f"jax_ar: all_reduce_rms_norm runs all_reduce + a separate norm: {reason}")
-        return unfused(functools.partial(all_reduce, axis_name=axes[0],
-                                         algorithm=algorithm))
+        return unfused(functools.partial(all_reduce, axis_name=axes[0], algorithm=algorithm))
 
     vma = _compat.check_vma_enabled()
     varies = lambda a: vma and bool(set(axes) & _compat.varying_axes(jax.typeof(a)))
@@ -301,14 +306,6 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
     if vma:
         x = _as_varying(x, axes)
     shape = x.shape
-    x2, residual2 = x.reshape((-1, shape[-1])), residual.reshape((-1, shape[-1]))
-    # Calls larger than the workspace carries at once are split by rows.
-    rows_per_call = max(1, capacity // row_bytes)
-    outs, residual_outs = [], []
-    for start in range(0, x2.shape[0], rows_per_call):
-        rows = slice(start, start + rows_per_call)
-        out, residual_out = _fused(call, x2[rows], residual2[rows], gamma, scale)
-        outs.append(out)
-        residual_outs.append(residual_out)
-    join = lambda parts: (parts[0] if len(parts) == 1 else jnp.concatenate(parts)).reshape(shape)
-    return join(outs), join(residual_outs)
+    rows = (-1, shape[-1])
+    out, residual_out = _fused(call, x.reshape(rows), residual.reshape(rows), gamma, scale)
+    return out.reshape(shape), residual_out.reshape(shape)
