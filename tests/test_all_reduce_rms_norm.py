@@ -9,29 +9,16 @@ workers/norm_all_reduce_rms_norm_worker.py: 2, 4 and 8 ranks.
 import pytest
 
 from multiprocess import ON_GPU, run_ranks
+from norm_skips import fused_target_missing
 
 CONFIGS = [(2, 1), (2, 2), (2, 4)]  # (processes, devices per process): 2, 4, 8 ranks
 if ON_GPU:
     CONFIGS = [(2, 1), (4, 1), (8, 1)]
 
 
-def _fused_target_missing() -> str | None:
-    if not ON_GPU:
-        return None
-    from jax_ar import _native
-
-    try:
-        targets = _native.backend_module("gpu").registrations()
-    except RuntimeError as e:
-        return str(e)
-    if "jax_ar_all_reduce_rms_norm" not in targets:
-        return "this build's CUDA module has no jax_ar_all_reduce_rms_norm kernel"
-    return None
-
-
 @pytest.mark.parametrize("processes,devices", CONFIGS, ids=lambda v: str(v))
 def test_all_reduce_rms_norm(processes, devices):
-    missing = _fused_target_missing()
+    missing = fused_target_missing()
     if missing:  # psum cannot stand in on a shared GPU
         pytest.skip(missing)
     run_ranks("norm_all_reduce_rms_norm_worker.py", processes=processes,
