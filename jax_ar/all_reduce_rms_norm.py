@@ -223,6 +223,14 @@ def _check_quant_scale(quant_scale):
     return jnp.asarray(quant_scale, dtype=jnp.float32)
 
 
+def _row_fits(comm, row_bytes) -> bool:
+    """Whether one row fits a round of either algorithm in every backend:
+    per sender, the two-shot layout holds a row of input and a row of each
+    output (16 bytes of alignment slack per region); one-shot needs less."""
+    per_sender = comm.capacity_bytes("oneshot")  # a sender's share of a data half
+    return 3 * row_bytes + 48 <= per_sender
+
+
 def _kernel_refuses(x) -> str | None:
     """Why the fused kernels do not take x's shape, or None."""
     hidden, itemsize = x.shape[-1], np.dtype(x.dtype).itemsize
@@ -282,17 +290,15 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
         if algorithm == "psum":
             return unfused(psum)
 
-    # One fused call carries the whole message through the workspace at
-    # once; larger messages take the general path, whose all_reduce runs in
-    # rounds. (Splitting rows over several fused calls would need an order
-    # between them that XLA keeps on every rank, which independent custom
-    # calls do not have.)
-    nbytes = x.size * x.dtype.itemsize
-    capacity = comm.capacity_bytes(algorithm)
+    # A fused call carries as many whole rows per round through the
+    # workspace as fit (the handlers run several rounds for the rest); a row
+    # too long for one round takes the general path, whose all_reduce cuts
+    # anywhere.
     reason = _kernel_refuses(x) if x.size else "no elements"
-    if reason is None and nbytes > capacity:
-        reason = (f"{nbytes} bytes exceed the {capacity} bytes one {algorithm} call carries "
-                  f"(workspace_bytes={comm.workspace_bytes})")
+    row_bytes = x.shape[-1] * x.dtype.itemsize
+    if reason is None and not _row_fits(comm, row_bytes):
+        reason = (f"one row of {row_bytes} bytes does not fit a round of the workspace "
+                  f"(workspace_bytes={comm.workspace_bytes}, {comm.world_size} ranks)")
     if reason is not None:
         config.log_once(("all_reduce_rms_norm general", reason),
                         f"jax_ar: all_reduce_rms_norm runs all_reduce + a separate norm: {reason}")

@@ -8,8 +8,8 @@ rank-order sum, out against float64 (or its float8 quantization), and both
 must be identical on every rank.
 
 The communicator is set up with the smallest workspace (1 MiB) so that
-large calls are split into several and rows too long for one call take the
-general path.
+large calls take several rounds through it and rows too long for one round
+take the general path.
 """
 import os
 
@@ -126,7 +126,7 @@ def kernel_cases(rng, world):
         hidden = vector * int(rng.integers(128 // vector, 4096 // vector + 1))
         cases.append(Case(rng, world, (int(rng.integers(1, 40)), hidden), dt,
                           quant_scale=[None, 0.5][int(rng.integers(0, 2))]))
-    # Several calls' worth of rows (split by the workspace), FP8 saturation
+    # Several rounds through the workspace, FP8 saturation
     # (|out / scale| far beyond 448) and a large hidden size.
     cases.append(Case(rng, world, (100, 1024), "bfloat16"))
     cases.append(Case(rng, world, (4, 512), "float16", quant_scale=1e-3))
