@@ -181,7 +181,10 @@ def _reduce_leaves(leaves, axes, op, algorithm, comm):
             nbytes = sum(v.size * v.dtype.itemsize for v in inputs)
             chosen = algorithm
             if chosen == "auto":
-                chosen = selection.choose_algorithm(comm.platform, comm.world_size, nbytes)
+                chosen = selection.choose_algorithm(
+                    comm.platform, comm.world_size, nbytes,
+                    device_kind=comm.groups[0][0].device_kind,
+                    capacity_bytes=comm.capacity_bytes)
             if chosen == "psum":
                 results = [_psum_like(v, axes, op) for v in inputs]
             else:

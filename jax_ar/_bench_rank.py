@@ -1,0 +1,236 @@
+"""One rank of `python -m jax_ar bench` / `tune`, started by the launcher.
+
+Usage (by bench.py/tune.py): _bench_rank.py CONFIG.json. Every rank runs the
+same cases in the same order; rank 0 prints progress lines ("@@progress i N
+what") and writes the combined results to config["out"]. Each result is the
+slowest rank's median time per call and the sum over ranks of elements that
+differ from the host reference.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform as host_platform
+import sys
+import time
+import traceback
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_ar
+from jax_ar import _bench_data as data
+from jax_ar import _compat
+from jax_ar._timing import chained, count_collectives, measure, psum_like
+from jax_ar.communicator import VERSION
+
+AXIS = "tp"
+XLA_ONESHOT_OPTION = "xla_gpu_unsupported_use_all_reduce_one_shot_kernel"
+
+
+def _global_input(mesh, shape_per_rank, make_rank_values):
+    """The array whose rank-r block along dim 0 is make_rank_values(r)."""
+    world = mesh.devices.size
+    shape = (shape_per_rank[0] * world,) + tuple(shape_per_rank[1:])
+    position = {d: r for r, d in enumerate(mesh.devices.flat)}
+    arrays = [jax.device_put(make_rank_values(position[d]).reshape(shape_per_rank), d)
+              for d in mesh.local_devices]
+    return jax.make_array_from_single_device_arrays(shape, NamedSharding(mesh, P(AXIS)), arrays)
+
+
+def _replicated(mesh, value):
+    return jax.make_array_from_callback(value.shape, NamedSharding(mesh, P()),
+                                        lambda index: value[index])
+
+
+def _local(y) -> np.ndarray:
+    return np.asarray(y.addressable_shards[0].data)
+
+
+class Runner:
+    def __init__(self, config):
+        self.config = config
+        self.mesh = jax.make_mesh((jax.device_count(),), (AXIS,))
+        self.world = self.mesh.devices.size
+        self.comm = jax_ar.setup(self.mesh, AXIS, workspace_bytes=config.get("workspace_bytes"))
+        self.device_kind = self.mesh.devices.flat[0].device_kind
+        self.unavailable = dict(config.get("unavailable", {}))
+        if not self.comm.serves_calls:
+            reason = f"n/a: jax_ar falls back to psum here ({self.comm.fallback_reason})"
+            for name in ("oneshot", "twoshot", "auto", "fused", "all_reduce+norm"):
+                self.unavailable.setdefault(name, reason)
+
+    # --- programs -----------------------------------------------------------
+    def _all_reduce_step(self, algorithm, op):
+        if algorithm in ("psum", "xla_oneshot"):
+            return lambda x: (psum_like(x, AXIS, op),)
+        return lambda x: (jax_ar.all_reduce(x, AXIS, op=op, algorithm=algorithm),)
+
+    def _rms_norm_step(self, variant, eps):
+        import jax.numpy as jnp
+
+        def norm(residual_out, gamma):
+            r = residual_out.astype(jnp.float32)
+            scale = jax.lax.rsqrt(jnp.mean(r * r, axis=-1, keepdims=True) + eps)
+            return (r * scale * gamma.astype(jnp.float32)).astype(residual_out.dtype)
+
+        if variant == "fused":
+            def step(x, residual, gamma):
+                out, residual_out = jax_ar.all_reduce_rms_norm(x, residual, gamma, AXIS, eps=eps)
+                return out, residual_out, gamma
+        else:
+            reduce = (lambda x: jax.lax.psum(x, AXIS)) if variant == "psum+norm" else \
+                     (lambda x: jax_ar.all_reduce(x, AXIS))
+
+            def step(x, residual, gamma):
+                residual_out = reduce(x) + residual
+                return norm(residual_out, gamma), residual_out, gamma
+        return step
+
+    def _compile(self, program, args, algorithm, chain):
+        lowered = program.lower(*args)
+        if algorithm == "xla_oneshot":
+            compiled = lowered.compile({XLA_ONESHOT_OPTION: True})
+        else:
+            compiled = lowered.compile()
+        found = count_collectives(compiled.as_text())
+        if found < chain:
+            raise RuntimeError(
+                f"jax_ar bench: XLA kept {found} of the {chain} chained collectives of "
+                f"{algorithm}; the timing would be wrong, so nothing was timed")
+        return compiled
+
+    # --- cases ----------------------------------------------------------------
+    def run_case(self, case):
+        cfg = self.config
+        algorithm, dtype_name, op = case["algorithm"], case["dtype"], case["op"]
+        result = dict(case, chain=0, time_us=None, samples=[], wrong=0, status="ok")
+        reason = self.unavailable.get(algorithm)
+        if reason:
+            result["status"] = reason
+            return result
+        itemsize = data.DTYPES[dtype_name].itemsize
+        count = case["count"]
+        if op == "rms_norm":
+            tokens, hidden = case["tokens"], case["hidden"]
+            chain = cfg["iters"]
+            step = self._rms_norm_step(algorithm, cfg["eps"])
+            program = chained(step, self.mesh, AXIS, chain, n_args=3)
+            inputs = {r: data.rms_norm_inputs(dtype_name, tokens, hidden, r, self.world,
+                                              cfg["seed"]) for r in range(self.world)}
+            x = _global_input(self.mesh, (tokens, hidden), lambda r: inputs[r][0])
+            args = (x, _replicated(self.mesh, inputs[0][1]), _replicated(self.mesh, inputs[0][2]))
+        else:
+            chain = data.chain_length(op, dtype_name, self.world, cfg["iters"])
+            program = chained(self._all_reduce_step(algorithm, op), self.mesh, AXIS, chain)
+            x = _global_input(self.mesh, (count,), lambda r: data.rank_values(
+                dtype_name, count, r, self.world, cfg["seed"]))
+            args = (x,)
+        try:
+            compiled = self._compile(program, args, algorithm, chain)
+        except Exception as e:
+            if algorithm not in ("psum", "xla_oneshot"):
+                raise
+            # XLA's own collectives may be unavailable here (an unknown
+            # option, no collectives implementation): report, do not fail.
+            result["status"] = f"n/a: {str(e).splitlines()[0][:160]}"
+            return result
+        median, samples, out = measure(lambda: compiled(*args), chain, cfg["warmup"],
+                                       cfg["repeats"], cfg["launches"])
+        if op == "rms_norm":
+            parts = [inputs[r][0] for r in range(self.world)]
+            want_out, want_res = data.rms_norm_reference(parts, inputs[0][1], inputs[0][2],
+                                                         cfg["eps"], chain)
+            wrong = data.rms_norm_wrong(_local(out[0]), want_out) + \
+                data.rms_norm_wrong(_local(out[1]), want_res)
+        else:
+            want = data.reference(op, dtype_name, count, self.world, chain, cfg["seed"])
+            wrong = data.count_wrong(_local(out[0]), want)
+        del out
+        result.update(chain=chain, time_us=median, samples=samples, wrong=wrong,
+                      bytes=count * itemsize)
+        return result
+
+    def machine(self):
+        info = {
+            "platform": self.comm.platform,
+            "device_kind": self.device_kind,
+            "world_size": self.world,
+            "processes": jax.process_count(),
+            "devices": [str(d) for d in self.mesh.devices.flat],
+            "jax": jax.__version__,
+            "jax_ar": VERSION,
+            "workspace_bytes": self.comm.workspace_bytes,
+            "capacity_bytes": {a: self.comm.capacity_bytes(a) for a in ("oneshot", "twoshot")},
+            "serves_calls": self.comm.serves_calls,
+            "fallback_reason": self.comm.fallback_reason,
+            "host": host_platform.node(),
+            "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "python": host_platform.python_version(),
+        }
+        return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return host_platform.processor() or host_platform.machine()
+
+
+def _gather(run_id: str, name: str, value, timeout_s: float):
+    """Every process's `value` (JSON-able), by process index."""
+    client = _compat.distributed_client()
+    me = jax.process_index()
+    if client is None or jax.process_count() == 1:
+        return [value]
+    client.key_value_set(f"jax_ar_bench/{run_id}/{name}/{me}", json.dumps(value))
+    return [json.loads(client.blocking_key_value_get(f"jax_ar_bench/{run_id}/{name}/{p}",
+                                                     int(timeout_s * 1000)))
+            for p in range(jax.process_count())]
+
+
+def main(argv) -> None:
+    with open(argv[0]) as f:
+        config = json.load(f)
+    runner = Runner(config)
+    leader = jax.process_index() == 0
+    cases = config["cases"]
+    results = []
+    start = time.monotonic()
+    for i, case in enumerate(cases):
+        if leader:
+            print(f"@@progress {i} {len(cases)} {case['bytes']} {case['dtype']} {case['op']} "
+                  f"{case['algorithm']}", flush=True)
+        results.append(runner.run_case(case))
+    if leader:
+        print(f"@@progress {len(cases)} {len(cases)} done", flush=True)
+    mine = [[r["time_us"], r["wrong"]] for r in results]
+    everyone = _gather(config["run_id"], "results", mine, config.get("gather_timeout_s", 300))
+    for i, r in enumerate(results):
+        times = [per_rank[i][0] for per_rank in everyone]
+        r["time_us_ranks"] = times
+        r["time_us"] = max(times) if r["status"] == "ok" else None
+        r["wrong"] = sum(per_rank[i][1] for per_rank in everyone)
+    if leader:
+        doc = {"machine": runner.machine(), "results": results,
+               "elapsed_s": time.monotonic() - start}
+        tmp = config["out"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, config["out"])
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.exit(1)

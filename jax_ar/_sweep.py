@@ -1,0 +1,151 @@
+"""Runs a list of timing cases in N ranks through the launcher (bench and tune).
+
+The ranks run _bench_rank.py; this process shows rank 0's progress on
+stderr while they work, and returns what rank 0 wrote.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from . import launch as _launch
+
+__all__ = ["SweepError", "mps_running", "parse_size", "resolve_platform", "run_sweep",
+           "size_list", "format_size"]
+
+RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_rank.py")
+
+
+class SweepError(RuntimeError):
+    pass
+
+
+def parse_size(text: str) -> int:
+    """'1K' -> 1024, '256M', '1G', '4096' (binary multiples, as nccl-tests)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)[bB]?\s*", str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 1K, 256M, 1G)")
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+
+
+def format_size(nbytes: int) -> str:
+    for shift, unit in ((30, "G"), (20, "M"), (10, "K")):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
+
+
+def size_list(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise ValueError(f"need 1 <= min-bytes <= max-bytes, got {min_bytes} and {max_bytes}")
+    if factor < 2:
+        raise ValueError(f"the step factor must be at least 2, got {factor}")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def resolve_platform(platform: str) -> tuple[str, int]:
+    """("cpu" | "gpu", number of GPUs) for --platform auto|cpu|gpu."""
+    gpus = _launch._gpu_count()
+    if platform == "auto":
+        platform = "gpu" if gpus > 0 and os.environ.get("JAX_PLATFORMS", "") != "cpu" else "cpu"
+    if platform == "gpu" and gpus == 0:
+        raise SweepError("--platform gpu, but nvidia-smi lists no GPU")
+    return platform, gpus
+
+
+def mps_running() -> bool:
+    """Whether a CUDA MPS control daemon is reachable (needed for ranks that
+    share a GPU: without it their kernels never run at the same time)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    return os.path.exists(os.path.join(pipe, "control"))
+
+
+def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
+              progress_label: str = "bench") -> dict:
+    """Runs config["cases"] in `ranks` ranks; returns rank 0's results doc."""
+    with tempfile.TemporaryDirectory(prefix="jax_ar_sweep_") as tmp:
+        config = dict(config, out=os.path.join(tmp, "results.json"), run_id=uuid.uuid4().hex)
+        config_path = os.path.join(tmp, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+        log_dir = os.path.join(tmp, "logs")
+        env = dict(os.environ)
+        env.setdefault("JAX_AR_TIMEOUT_S", "60")
+        box = {}
+
+        def target():
+            try:
+                box["result"] = _launch.launch(RANK_SCRIPT, [config_path], num_processes=ranks,
+                                               cpu_devices=1 if platform == "cpu" else None,
+                                               platform=platform, timeout_s=timeout_s,
+                                               log_dir=log_dir, stream=False, env=env)
+            except BaseException as e:  # surfaced below
+                box["error"] = e
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        _show_progress(thread, os.path.join(log_dir, "rank0.log"), progress_label)
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        result = box["result"]
+        if not result.ok or not os.path.exists(config["out"]):
+            raise SweepError(_failure_text(result))
+        with open(config["out"]) as f:
+            return json.load(f)
+
+
+def _show_progress(thread, log_path: str, label: str) -> None:
+    """Rank 0's latest progress line: redrawn in place on a terminal, else
+    printed at most every 5 s."""
+    tty = sys.stderr.isatty()
+    offset, latest, shown, last_print = 0, "", "", 0.0
+    while thread.is_alive():
+        thread.join(timeout=0.2)
+        try:
+            with open(log_path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            continue
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if line.startswith("@@progress "):
+                latest = _progress_text(label, line)
+        now = time.monotonic()
+        if latest != shown and (tty or now - last_print >= 5.0):
+            sys.stderr.write(f"\r\033[K{latest}" if tty else f"{latest}\n")
+            sys.stderr.flush()
+            shown, last_print = latest, now
+    if tty and shown:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def _progress_text(label: str, line: str) -> str:
+    parts = line.split()
+    done, total = int(parts[1]), int(parts[2])
+    what = " ".join(parts[3:])
+    if what != "done":
+        what = f"{format_size(int(parts[3]))}B " + " ".join(parts[4:])
+    return f"jax_ar {label}: [{done}/{total}] {what}"
+
+
+def _failure_text(result) -> str:
+    parts = [f"jax_ar: the benchmark ranks failed: {result.summary()}"]
+    for rank, log in enumerate(result.logs):
+        lines = [l for l in log.splitlines() if not l.startswith("@@progress ")]
+        parts.append(f"----- rank {rank} (exit code {result.returncodes[rank]}), last lines "
+                     f"-----\n" + "\n".join(lines[-40:]))
+    return "\n".join(parts)
