@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_ar
 from jax_ar import _bench_data as data
 from jax_ar import _compat
-from jax_ar._timing import chained, count_collectives, measure, psum_like
+from jax_ar._timing import (calibrate, chained, count_collectives, launches_for, measure,
+                            psum_like)
 from jax_ar.communicator import VERSION
 
 AXIS = "tp"
@@ -136,8 +137,12 @@ class Runner:
             # option, no collectives implementation): report, do not fail.
             result["status"] = f"n/a: {str(e).splitlines()[0][:160]}"
             return result
-        median, samples, out = measure(lambda: compiled(*args), chain, cfg["warmup"],
-                                       cfg["repeats"], cfg["launches"])
+        run = lambda: compiled(*args)  # noqa: E731
+        # Every rank must launch equally often: agree on the slowest rank's launch time.
+        launch_s = max(_gather(cfg["run_id"], f"calibrate/{case['index']}",
+                               calibrate(run, cfg["warmup"]), cfg.get("gather_timeout_s", 300)))
+        launches = launches_for(launch_s, cfg["launches"], cfg["min_sample_s"])
+        median, samples, out = measure(run, chain, launches, cfg["repeats"])
         if op == "rms_norm":
             parts = [inputs[r][0] for r in range(self.world)]
             want_out, want_res = data.rms_norm_reference(parts, inputs[0][1], inputs[0][2],
@@ -148,8 +153,8 @@ class Runner:
             want = data.reference(op, dtype_name, count, self.world, chain, cfg["seed"])
             wrong = data.count_wrong(_local(out[0]), want)
         del out
-        result.update(chain=chain, time_us=median, samples=samples, wrong=wrong,
-                      bytes=count * itemsize)
+        result.update(chain=chain, launches=launches, time_us=median, samples=samples,
+                      wrong=wrong, bytes=count * itemsize)
         return result
 
     def machine(self):
@@ -208,7 +213,7 @@ def main(argv) -> None:
         if leader:
             print(f"@@progress {i} {len(cases)} {case['bytes']} {case['dtype']} {case['op']} "
                   f"{case['algorithm']}", flush=True)
-        results.append(runner.run_case(case))
+        results.append(runner.run_case(dict(case, index=i)))
     if leader:
         print(f"@@progress {len(cases)} {len(cases)} done", flush=True)
     mine = [[r["time_us"], r["wrong"]] for r in results]

@@ -16,14 +16,69 @@ import uuid
 
 from . import launch as _launch
 
-__all__ = ["SweepError", "mps_running", "parse_size", "resolve_platform", "run_sweep",
-           "size_list", "format_size"]
+__all__ = ["SweepError", "add_common_options", "common_config", "default_ranks", "format_size",
+           "mps_running", "parse_size", "resolve_platform", "run_sweep", "shared_gpu_reason",
+           "size_list"]
 
 RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_rank.py")
 
 
+# Timing defaults per platform. On CPU a sample must last long enough that
+# the OS scheduler's noise averages out; on GPU the device is quiet.
+TIMING_DEFAULTS = {
+    "cpu": {"iters": 10, "launches": 2, "repeats": 5, "warmup": 1, "min_sample_ms": 10.0},
+    "gpu": {"iters": 20, "launches": 4, "repeats": 10, "warmup": 2, "min_sample_ms": 2.0},
+}
+
+
 class SweepError(RuntimeError):
     pass
+
+
+def add_common_options(p, max_bytes_help: str) -> None:
+    """Options bench and tune share: ranks, platform, sizes, timing, workspace."""
+    p.add_argument("-n", "--ranks", type=int, default=None,
+                   help="number of ranks (default: the number of GPUs, at least 2; 2 on CPU)")
+    p.add_argument("--platform", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="auto: GPUs when nvidia-smi lists any, else CPU devices")
+    p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
+    p.add_argument("-e", "--max-bytes", default=None, help=max_bytes_help)
+    p.add_argument("--iters", type=int, default=None,
+                   help="calls chained in one timed program (default 20 on GPU, 10 on CPU)")
+    p.add_argument("--launches", type=int, default=None,
+                   help="least program launches per timing sample (default 4 on GPU, 2 on CPU)")
+    p.add_argument("--min-sample-ms", type=float, default=None,
+                   help="more launches per sample until one lasts this long (default 2 on "
+                        "GPU, 10 on CPU)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timing samples; the median is reported (default 10 on GPU, 5 on CPU)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed launches before the samples (default 2 on GPU, 1 on CPU)")
+    p.add_argument("--workspace-bytes", type=parse_size, default=None,
+                   help="jax_ar workspace per device (default: jax_ar.setup's)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="give up after this many seconds (default 1800)")
+
+
+def default_ranks(ns, platform: str, gpus: int) -> int:
+    ranks = ns.ranks if ns.ranks is not None else (max(2, gpus) if platform == "gpu" else 2)
+    if ranks < 2:
+        raise ValueError(f"-n/--ranks must be at least 2, got {ranks}")
+    return ranks
+
+
+def common_config(ns, platform: str) -> dict:
+    """The timing part of a sweep's config, from the options and defaults."""
+    config = {}
+    for name, default in TIMING_DEFAULTS[platform].items():
+        value = getattr(ns, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be at least "
+                             f"{0 if name == 'warmup' else 1}, got {value}")
+        config[name] = default if value is None else value
+    config["min_sample_s"] = config.pop("min_sample_ms") / 1e3
+    config["workspace_bytes"] = ns.workspace_bytes
+    return config
 
 
 def parse_size(text: str) -> int:
@@ -61,6 +116,20 @@ def resolve_platform(platform: str) -> tuple[str, int]:
     if platform == "gpu" and gpus == 0:
         raise SweepError("--platform gpu, but nvidia-smi lists no GPU")
     return platform, gpus
+
+
+def shared_gpu_reason(platform: str, ranks: int, gpus: int) -> str | None:
+    """Why psum cannot run when ranks share GPUs (None when they do not).
+    Raises ValueError when they share GPUs without the CUDA MPS daemon,
+    without which their kernels never run at the same time."""
+    if platform != "gpu" or ranks <= gpus:
+        return None
+    if not mps_running():
+        raise ValueError(
+            f"{ranks} ranks on {gpus} GPU(s) share GPUs, which needs the CUDA MPS daemon "
+            "(start it with `nvidia-cuda-mps-control -d`, see docs/benchmarks.md), or run on "
+            "CPU devices with --platform cpu")
+    return "n/a: ranks share a GPU (NCCL refuses)"
 
 
 def mps_running() -> bool:

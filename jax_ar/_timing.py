@@ -11,8 +11,10 @@ The compiled HLO is checked to hold K collectives before anything is timed.
 
 A sample launches the program L times back to back (dispatch is
 asynchronous, so only the first launch's host overhead is exposed) and
-blocks once: per call = wall time / (L * K). Warm-up launches come first and
-are not timed; the reported figure is the median of the samples.
+blocks once: per call = wall time / (L * K). L is chosen after warm-up from
+one timed launch (the slowest rank's), so that a sample lasts at least a
+few milliseconds; warm-up is not timed; the reported figure is the median
+of the samples.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import _compat
 
-__all__ = ["chained", "count_collectives", "measure", "psum_like"]
+__all__ = ["calibrate", "chained", "count_collectives", "launches_for", "measure", "psum_like"]
 
 
 def psum_like(x, axis: str, op: str):
@@ -60,14 +62,22 @@ def count_collectives(hlo_text: str) -> int:
     return len(_CUSTOM_CALL.findall(hlo_text)) + len(_ALL_REDUCE.findall(hlo_text))
 
 
-def measure(run, chain: int, warmup: int, repeats: int, launches: int):
-    """(median us per call, samples, last result) of `run()`, a launch of a
-    program that chains `chain` calls."""
+def calibrate(run, warmup: int) -> float:
+    """Seconds one launch of `run()` takes after `warmup` launches."""
     out = None
     for _ in range(max(1, warmup)):
         out = run()
     jax.block_until_ready(out)
-    samples = []
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start
+
+
+def measure(run, chain: int, launches: int, repeats: int):
+    """(median us per call, samples, last result): `repeats` samples of
+    `launches` back-to-back launches of `run()`, a program of `chain` calls.
+    Every rank must pass the same numbers: each launch is collective."""
+    samples, out = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(launches):
@@ -75,3 +85,11 @@ def measure(run, chain: int, warmup: int, repeats: int, launches: int):
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - start) * 1e6 / (launches * chain))
     return statistics.median(samples), samples, out
+
+
+def launches_for(launch_s: float, min_launches: int, min_sample_s: float,
+                 max_launches: int = 1000) -> int:
+    """Launches per sample so that a sample lasts at least `min_sample_s`:
+    short samples are at the mercy of the OS scheduler."""
+    wanted = int(min_sample_s / max(launch_s, 1e-7)) + 1
+    return max(min_launches, min(max_launches, wanted))

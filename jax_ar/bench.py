@@ -22,14 +22,8 @@ __all__ = ["main"]
 ALL_REDUCE_ALGORITHMS = ("oneshot", "twoshot", "psum", "auto", "xla_oneshot")
 RMS_NORM_VARIANTS = ("fused", "all_reduce+norm", "psum+norm")
 OPS = ("sum", "avg", "max", "min")
-SHARED_GPU_REASON = "n/a: ranks share a GPU (NCCL refuses)"
 
-# Defaults per platform: the CPU sweep must finish well inside a minute on a
-# 2-core machine (its time is mostly compiling one program per case).
-DEFAULTS = {
-    "cpu": {"max_bytes": "1M", "iters": 10, "repeats": 5, "launches": 2, "warmup": 1},
-    "gpu": {"max_bytes": "256M", "iters": 20, "repeats": 10, "launches": 4, "warmup": 2},
-}
+MAX_BYTES = {"cpu": "1M", "gpu": "256M"}  # CPU: the default run takes well under a minute
 
 
 def build_parser(prog="python -m jax_ar bench") -> argparse.ArgumentParser:
@@ -37,9 +31,7 @@ def build_parser(prog="python -m jax_ar bench") -> argparse.ArgumentParser:
         prog=prog, description="Sweep message sizes and time jax_ar.all_reduce's algorithms "
         "against psum (nccl-tests style). Runs on GPUs when nvidia-smi lists any, else on "
         "CPU devices.")
-    p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
-    p.add_argument("-e", "--max-bytes", default=None,
-                   help="largest message (default 256M on GPU, 1M on CPU)")
+    _sweep.add_common_options(p, "largest message (default 256M on GPU, 1M on CPU)")
     p.add_argument("-f", "--step-factor", type=int, default=2, help="size multiplier (default 2)")
     p.add_argument("-d", "--dtype", default="float32",
                    help=f"comma-separated, or 'all': {', '.join(DTYPES)} (default float32)")
@@ -52,27 +44,12 @@ def build_parser(prog="python -m jax_ar bench") -> argparse.ArgumentParser:
                         "xla_oneshot is psum compiled with XLA's one-shot kernel (GPU)")
     p.add_argument("--xla-oneshot", action="store_true",
                    help="also time xla_oneshot (GPU only)")
-    p.add_argument("-n", "--ranks", type=int, default=None,
-                   help="number of ranks (default: the number of GPUs, at least 2; 2 on CPU)")
-    p.add_argument("--platform", choices=("auto", "cpu", "gpu"), default="auto")
-    p.add_argument("--iters", type=int, default=None,
-                   help="calls chained in one timed program (default 20 on GPU, 10 on CPU)")
-    p.add_argument("--launches", type=int, default=None,
-                   help="program launches per timing sample (default 4 on GPU, 2 on CPU)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="timing samples; the median is reported (default 10 on GPU, 5 on CPU)")
-    p.add_argument("--warmup", type=int, default=None,
-                   help="untimed launches before the samples (default 2 on GPU, 1 on CPU)")
-    p.add_argument("--workspace-bytes", type=_sweep.parse_size, default=None,
-                   help="jax_ar workspace per device (default: jax_ar.setup's)")
     p.add_argument("--hidden", type=int, default=4096,
                    help="hidden size of rms_norm messages (default 4096)")
     p.add_argument("--eps", type=float, default=1e-6, help="rms_norm epsilon")
-    p.add_argument("--out-dir", default="jax_ar_bench",
-                   help="where bench.json and bench.png go (default ./jax_ar_bench)")
+    p.add_argument("--out-dir", default="bench_results",
+                   help="where bench.json and bench.png go (default ./bench_results)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--timeout", type=float, default=1800.0,
-                   help="give up after this many seconds (default 1800)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -87,12 +64,9 @@ def _split(text: str, allowed, what: str) -> list[str]:
 
 def plan(ns, platform: str, gpus: int) -> dict:
     """Checks the options; returns the sweep's config (cases included)."""
-    defaults = DEFAULTS[platform]
-    ranks = ns.ranks if ns.ranks is not None else (max(2, gpus) if platform == "gpu" else 2)
-    if ranks < 2:
-        raise ValueError(f"-n/--ranks must be at least 2, got {ranks}")
+    ranks = _sweep.default_ranks(ns, platform, gpus)
     min_bytes = _sweep.parse_size(ns.min_bytes)
-    max_bytes = _sweep.parse_size(ns.max_bytes or defaults["max_bytes"])
+    max_bytes = _sweep.parse_size(ns.max_bytes or MAX_BYTES[platform])
     sizes = _sweep.size_list(min_bytes, max_bytes, ns.step_factor)
     dtypes = _split(ns.dtype, DTYPES, "dtype")
     rms_norm = ns.op == "rms_norm"
@@ -112,19 +86,10 @@ def plan(ns, platform: str, gpus: int) -> dict:
                             "algorithms")
         if ns.xla_oneshot and "xla_oneshot" not in algorithms:
             algorithms.append("xla_oneshot")
-    for name in ("iters", "launches", "repeats"):
-        value = getattr(ns, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be at least 1, got {value}")
     unavailable = {}
-    if platform == "gpu" and ranks > gpus:
-        if not _sweep.mps_running():
-            raise ValueError(
-                f"{ranks} ranks on {gpus} GPU(s) share GPUs, which needs the CUDA MPS daemon "
-                "(start it with `nvidia-cuda-mps-control -d`, see docs/benchmarks.md), or run "
-                "on CPU devices with --platform cpu")
-        for name in ("psum", "xla_oneshot", "psum+norm"):
-            unavailable[name] = SHARED_GPU_REASON
+    shared = _sweep.shared_gpu_reason(platform, ranks, gpus)
+    if shared:
+        unavailable.update({name: shared for name in ("psum", "xla_oneshot", "psum+norm")})
     if platform != "gpu":
         unavailable["xla_oneshot"] = "n/a: XLA's one-shot kernel is GPU only"
 
@@ -146,18 +111,8 @@ def plan(ns, platform: str, gpus: int) -> dict:
                     cases.append(dict(case, algorithm=algorithm))
     if not cases:
         raise ValueError("no message size holds a single element of the chosen dtypes")
-    return {
-        "ranks": ranks,
-        "cases": cases,
-        "iters": ns.iters or defaults["iters"],
-        "launches": ns.launches or defaults["launches"],
-        "repeats": ns.repeats or defaults["repeats"],
-        "warmup": defaults["warmup"] if ns.warmup is None else ns.warmup,
-        "workspace_bytes": ns.workspace_bytes,
-        "unavailable": unavailable,
-        "eps": ns.eps,
-        "seed": ns.seed,
-    }
+    return dict(_sweep.common_config(ns, platform), ranks=ranks, cases=cases,
+                unavailable=unavailable, eps=ns.eps, seed=ns.seed)
 
 
 def _require_rms_norm() -> None:
@@ -226,9 +181,9 @@ def format_table(doc: dict) -> str:
         f"# jax_ar bench {doc['date']}",
         f"# machine: {describe_machine(machine, doc['ranks'])}",
         f"# method: {method['iters']} calls chained per program (fewer where exact data "
-        f"need it: see 'chain' in the JSON), {method['launches']} launches per sample, median "
-        f"of {method['repeats']} samples after {method['warmup']} warm-up launches; time = "
-        "slowest rank",
+        f"need it: 'chain' in the JSON), >= {method['launches']} launches and >= "
+        f"{method['min_sample_s'] * 1e3:g} ms per sample, median of {method['repeats']} samples "
+        f"after {method['warmup']} warm-up launches; time = slowest rank's median",
         f"# busbw = algbw * 2(n-1)/n; vs_psum = psum time / time; * = what algorithm='auto' "
         f"picks (table: {doc['selection']['table']})",
         "#",
@@ -287,7 +242,8 @@ def main(argv=None) -> int:
         "command": "python -m jax_ar bench " + " ".join(shlex.quote(a) for a in (argv or [])),
         "ranks": ranks,
         "machine": machine,
-        "method": {k: config[k] for k in ("iters", "launches", "repeats", "warmup")},
+        "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
+                                           "warmup")},
         "selection": {"table": source, "picks": {str(k): v for k, v in picks.items()}},
         "elapsed_s": raw["elapsed_s"],
         "results": results,
