@@ -76,7 +76,7 @@ def fit_curve(points) -> CostCurve:
     for count in range(0, min(MAX_KNOTS, len(points) - 2) + 1):
         for chosen in itertools.combinations(interior, count):
             index = [0, *chosen, len(points) - 1]
-            if any(b - a < MIN_KNOT_GAP for a, b in zip(index, index[1:])):
+            if count and any(b - a < MIN_KNOT_GAP for a, b in zip(index, index[1:])):
                 continue
             knots = sizes[index]
             values, error = _spline_fit(knots, sizes, times)
