@@ -104,15 +104,21 @@ class Runner:
 
     # --- cases ----------------------------------------------------------------
     def run_case(self, case):
+        """Times one case; case["at_capacity"] = an algorithm sizes the
+        message to one round of that algorithm's workspace."""
         cfg = self.config
         algorithm, dtype_name, op = case["algorithm"], case["dtype"], case["op"]
         result = dict(case, chain=0, time_us=None, samples=[], wrong=0, status="ok")
+        result.pop("at_capacity", None)
         reason = self.unavailable.get(algorithm)
         if reason:
             result["status"] = reason
             return result
         itemsize = data.DTYPES[dtype_name].itemsize
-        count = case["count"]
+        if case.get("at_capacity"):  # exactly what one workspace round carries
+            count = self.comm.capacity_bytes(case["at_capacity"]) // itemsize
+            result.update(count=count, bytes=count * itemsize)
+        count = result["count"]
         if op == "rms_norm":
             tokens, hidden = case["tokens"], case["hidden"]
             chain = cfg["iters"]
@@ -154,7 +160,7 @@ class Runner:
             wrong = data.count_wrong(_local(out[0]), want)
         del out
         result.update(chain=chain, launches=launches, time_us=median, samples=samples,
-                      wrong=wrong, bytes=count * itemsize)
+                      wrong=wrong)
         return result
 
     def machine(self):
@@ -211,7 +217,8 @@ def main(argv) -> None:
     start = time.monotonic()
     for i, case in enumerate(cases):
         if leader:
-            print(f"@@progress {i} {len(cases)} {case['bytes']} {case['dtype']} {case['op']} "
+            size = f"{case['at_capacity']}-round" if case.get("at_capacity") else case["bytes"]
+            print(f"@@progress {i} {len(cases)} {size} {case['dtype']} {case['op']} "
                   f"{case['algorithm']}", flush=True)
         results.append(runner.run_case(dict(case, index=i)))
     if leader:

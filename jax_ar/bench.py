@@ -163,23 +163,25 @@ def selector_picks(machine: dict, results: list[dict]) -> tuple[dict, str]:
     return picks, table.source
 
 
-def describe_machine(machine: dict, ranks: int) -> str:
+def describe_machine(machine: dict, ranks: int, gpus: int) -> str:
     if machine["platform"] == "gpu":
-        kinds = machine["device_kind"]
-        shared = "ranks share one GPU under MPS; " if len(set(machine["devices"])) < ranks else ""
-        where = f"{ranks} ranks on {kinds} ({shared}host {machine['host']})"
+        if ranks > gpus:
+            where = (f"{ranks} ranks sharing {gpus} {machine['device_kind']} under CUDA MPS "
+                     "(per-call overhead and correctness only; says nothing about NVLink)")
+        else:
+            where = f"{ranks} ranks on {ranks} x {machine['device_kind']}"
     else:
         where = (f"{ranks} ranks as processes with 1 CPU device each on {machine['cpu']} "
-                 f"({machine['cpu_count']} cores, host {machine['host']})")
-    return (f"{where}; jax {machine['jax']}, jax_ar {machine['jax_ar']}, workspace "
-            f"{_sweep.format_size(machine['workspace_bytes'])}B")
+                 f"({machine['cpu_count']} cores)")
+    return (f"{where}, host {machine['host']}; jax {machine['jax']}, jax_ar {machine['jax_ar']}, "
+            f"workspace {_sweep.format_size(machine['workspace_bytes'])}B")
 
 
 def format_table(doc: dict) -> str:
     machine, results, method = doc["machine"], doc["results"], doc["method"]
     lines = [
         f"# jax_ar bench {doc['date']}",
-        f"# machine: {describe_machine(machine, doc['ranks'])}",
+        f"# machine: {describe_machine(machine, doc['ranks'], doc['gpus'])}",
         f"# method: {method['iters']} calls chained per program (fewer where exact data "
         f"need it: 'chain' in the JSON), >= {method['launches']} launches and >= "
         f"{method['min_sample_s'] * 1e3:g} ms per sample, median of {method['repeats']} samples "
@@ -230,8 +232,6 @@ def main(argv=None) -> int:
         print(str(e), file=sys.stderr)
         return 1
     results, machine = raw["results"], raw["machine"]
-    for r in results:
-        r.pop("samples_all", None)
     add_bandwidths(results, machine["world_size"])
     add_speedups(results)
     picks, source = selector_picks(machine, results)
@@ -241,6 +241,7 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python -m jax_ar bench " + " ".join(shlex.quote(a) for a in (argv or [])),
         "ranks": ranks,
+        "gpus": gpus,
         "machine": machine,
         "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
                                            "warmup")},
@@ -269,5 +270,8 @@ def main(argv=None) -> int:
     if wrong:
         print(f"jax_ar bench: FAILED: {wrong} elements differ from the host reference",
               file=sys.stderr)
+        return 1
+    if not any(r["status"] == "ok" for r in results):
+        print("jax_ar bench: FAILED: no case could run here (see the table)", file=sys.stderr)
         return 1
     return 0

@@ -5,8 +5,9 @@ ranks and method as `bench`, fits one cost curve per algorithm and writes
 the table as JSON to --out, else $JAX_AR_TABLE, else the cache directory
 (_table.table_path: keyed by platform, device kind and world size), where
 later runs find it. The curve of jax_ar's kernels describes one workspace
-round, so it is fitted on sizes up to what one round carries (those sizes
-are measured exactly); selection predicts larger messages as several rounds.
+round, so it is fitted on sizes up to what one round carries (that size is
+measured too, as the ranks' communicator reports it); selection predicts
+larger messages as several rounds.
 """
 from __future__ import annotations
 
@@ -17,18 +18,18 @@ import json
 import os
 import shlex
 import sys
-import types
 
 import numpy as np
 
 from . import _sweep, selection
 from ._table import (TABLE_ENV, CostCurve, Segment, Table, load_table, table_path,
                      table_to_json)
-from .communicator import CONTROL_BYTES, DEFAULT_WORKSPACE_BYTES, VERSION, Communicator
+from .communicator import VERSION
 
 __all__ = ["fit_curve", "main"]
 
 MAX_BYTES = {"cpu": "4M", "gpu": "256M"}
+NOISY = 0.25  # sample spread above which tune warns that the machine is busy
 MAX_KNOTS = 4  # interior knots at most: more would fit noise
 MIN_KNOT_GAP = 3  # measured sizes from one knot to the next: one outlier is no knot
 
@@ -44,14 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _capacities(platform: str, world: int, workspace_bytes: int | None) -> dict:
-    """What one round carries per algorithm, from the communicator's own rule."""
-    nbytes = workspace_bytes or DEFAULT_WORKSPACE_BYTES[platform]
-    like = types.SimpleNamespace(workspace_bytes=nbytes // 4096 * 4096, world_size=world)
-    assert like.workspace_bytes > CONTROL_BYTES
-    return {a: Communicator.capacity_bytes(like, a) for a in ("oneshot", "twoshot")}
-
-
 def fit_curve(points) -> CostCurve:
     """A monotone, continuous piecewise-linear fit of measured (bytes, us).
 
@@ -64,7 +57,10 @@ def fit_curve(points) -> CostCurve:
     violators), which keeps predictions monotone in size. The curve is flat
     below the smallest size and its last line extends beyond the largest.
     """
-    points = sorted((int(b), float(t)) for b, t in points)
+    by_size = {}
+    for b, t in points:  # a size measured twice counts once, averaged
+        by_size.setdefault(int(b), []).append(float(t))
+    points = sorted((b, sum(ts) / len(ts)) for b, ts in by_size.items())
     if not points:
         raise ValueError("no measurements to fit")
     sizes = np.array([b for b, _ in points], np.float64)
@@ -92,7 +88,15 @@ def fit_curve(points) -> CostCurve:
         last = j == len(knots) - 2
         segments.append(Segment(None if last else int(knots[j + 1]),
                                 float(values[j] - slope * knots[j]), float(slope * 1e6)))
-    return CostCurve(tuple(segments))
+    merged = [segments[0]]
+    for segment in segments[1:]:  # neighbours on one line (equal knot values) merge
+        prev = merged[-1]
+        if (abs(segment.latency_us - prev.latency_us) <= 1e-9 * max(1.0, abs(prev.latency_us))
+                and abs(segment.us_per_mb - prev.us_per_mb) <= 1e-9 * max(1.0, prev.us_per_mb)):
+            merged[-1] = Segment(segment.up_to_bytes, prev.latency_us, prev.us_per_mb)
+        else:
+            merged.append(segment)
+    return CostCurve(tuple(merged))
 
 
 def _spline_fit(knots, sizes, times):
@@ -118,6 +122,16 @@ def _non_decreasing(values):
             blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + v2 * w2) / (blocks[-1][1] + w2),
                           blocks[-1][1] + w2]
     return [max(mean, 0.0) for mean, weight in blocks for _ in range(weight)]
+
+
+def _noise(results) -> float:
+    """Median over cases of (75th - 25th percentile) / median of the samples."""
+    spreads = []
+    for r in results:
+        if r["status"] == "ok" and len(r["samples"]) >= 3:
+            q25, q50, q75 = np.percentile(r["samples"], [25, 50, 75])
+            spreads.append((q75 - q25) / q50)
+    return float(np.median(spreads)) if spreads else 0.0
 
 
 def _summary(table: Table, capacity: dict, measured: dict) -> str:
@@ -158,18 +172,17 @@ def main(argv=None) -> int:
         sizes = _sweep.size_list(_sweep.parse_size(ns.min_bytes),
                                  _sweep.parse_size(ns.max_bytes or MAX_BYTES[platform]))
         config = _sweep.common_config(ns, platform)
-        capacity = _capacities(platform, ranks, ns.workspace_bytes)
         shared = _sweep.shared_gpu_reason(platform, ranks, gpus)
         unavailable = {"psum": shared} if shared else {}
     except (ValueError, _sweep.SweepError) as e:
         parser.error(str(e))
     cases = []
     for algorithm in selection.CANDIDATES:
-        todo = set(sizes)
-        if algorithm != "psum":  # measure the one-round limit itself
-            todo |= {c for c in capacity.values() if sizes[0] <= c <= sizes[-1]}
         cases += [{"dtype": "float32", "op": "sum", "count": b // 4, "bytes": b // 4 * 4,
-                   "algorithm": algorithm} for b in sorted(todo) if b >= 4]
+                   "algorithm": algorithm} for b in sizes if b >= 4]
+        if algorithm != "psum":  # the one-round limit itself: the fit's last point
+            cases.append({"dtype": "float32", "op": "sum", "count": 0, "bytes": 0,
+                          "algorithm": algorithm, "at_capacity": algorithm})
     config.update(cases=cases, unavailable=unavailable, eps=1e-6, seed=0)
     print(f"jax_ar tune: {len(cases)} measurements on {ranks} {platform.upper()} ranks ...",
           file=sys.stderr, flush=True)
@@ -179,6 +192,11 @@ def main(argv=None) -> int:
         print(str(e), file=sys.stderr)
         return 1
     machine, results = raw["machine"], raw["results"]
+    spread = _noise(results)
+    if spread > NOISY:
+        print(f"jax_ar tune: warning: timing samples spread {spread:.0%} around their median "
+              "(typical case); the machine is busy, so the table may follow noise. Re-run "
+              "when it is idle.", file=sys.stderr)
     wrong = sum(r["wrong"] for r in results)
     if wrong:
         print(f"jax_ar tune: {wrong} elements differ from the host reference; no table written",

@@ -139,3 +139,23 @@ def test_tune_writes_a_table_later_runs_accept(tmp_path):
     assert sorted(doc["measurements"]["oneshot"])[0][0] == 1024
     if not ON_GPU:
         assert len(doc["measurements"]["psum"]) == 3
+
+
+def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):
+    """What the GPU machine's run gets (2 ranks on 1 GPU): psum is reported
+    as unavailable, not attempted; a missing MPS daemon is warned about."""
+    from jax_ar import _sweep, bench
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent")
+    ns = bench.build_parser().parse_args(["-n", "2", "-e", "64M", "--xla-oneshot"])
+    config = bench.plan(ns, "gpu", 1)
+    assert "CUDA MPS" in capsys.readouterr().err
+    assert config["ranks"] == 2 and config["iters"] == 20
+    assert config["unavailable"]["psum"] == config["unavailable"]["xla_oneshot"]
+    assert "NCCL" in config["unavailable"]["psum"]
+    sizes = sorted({c["bytes"] for c in config["cases"]})
+    assert sizes == _sweep.size_list(1024, 64 << 20)
+    assert {c["algorithm"] for c in config["cases"]} == {"oneshot", "twoshot", "psum",
+                                                        "xla_oneshot"}
+    # One GPU per rank: psum runs.
+    assert bench.plan(bench.build_parser().parse_args(["-n", "8"]), "gpu", 8)["unavailable"] == {}
