@@ -179,9 +179,17 @@ class Runner:
             "host": host_platform.node(),
             "cpu": _cpu_model(),
             "cpu_count": os.cpu_count(),
+            "load_average": _load_average(),
             "python": host_platform.python_version(),
         }
         return info
+
+
+def _load_average():
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _cpu_model() -> str:

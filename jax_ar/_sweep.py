@@ -31,6 +31,9 @@ TIMING_DEFAULTS = {
 }
 
 
+NOISY_SPREAD = 0.25  # typical sample spread above which results are flagged as disturbed
+
+
 class SweepError(RuntimeError):
     pass
 

@@ -27,7 +27,8 @@ from jax.sharding import PartitionSpec as P
 
 from . import _compat
 
-__all__ = ["calibrate", "chained", "count_collectives", "launches_for", "measure", "psum_like"]
+__all__ = ["calibrate", "chained", "count_collectives", "launches_for", "measure", "psum_like",
+           "typical_spread"]
 
 
 def psum_like(x, axis: str, op: str):
@@ -93,3 +94,15 @@ def launches_for(launch_s: float, min_launches: int, min_sample_s: float,
     short samples are at the mercy of the OS scheduler."""
     wanted = int(min_sample_s / max(launch_s, 1e-7)) + 1
     return max(min_launches, min(max_launches, wanted))
+
+
+def typical_spread(results) -> float:
+    """Median over timed cases of (75th - 25th percentile) / median of their
+    samples: how much the machine disturbed the timing."""
+    spreads = []
+    for r in results:
+        samples = sorted(r.get("samples") or [])
+        if r["status"] == "ok" and len(samples) >= 3:
+            q25, q50, q75 = (statistics.quantiles(samples, n=4, method="inclusive"))
+            spreads.append((q75 - q25) / q50)
+    return statistics.median(spreads) if spreads else 0.0

@@ -16,6 +16,7 @@ import sys
 
 from . import _sweep
 from ._bench_data import DTYPES
+from ._timing import typical_spread
 
 __all__ = ["main"]
 
@@ -212,6 +213,13 @@ def format_table(doc: dict) -> str:
     timed = sum(1 for r in results if r["status"] == "ok")
     lines.append(f"# {timed} cases timed, {len(results) - timed} not available, "
                  f"{wrong} wrong elements in total")
+    spread = typical_spread(results)
+    load = machine.get("load_average")
+    lines.append(f"# samples spread {spread:.0%} around their medians (typical case)"
+                 + (f"; load average {load[0]:g} at the end on {machine['cpu_count']} cores"
+                    if load else ""))
+    if spread > _sweep.NOISY_SPREAD:
+        lines.append("# WARNING: noisy timings: the machine is busy; compare with care")
     return "\n".join(lines)
 
 

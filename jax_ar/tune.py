@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 from . import _sweep, selection
+from ._timing import typical_spread
 from ._table import (TABLE_ENV, CostCurve, Segment, Table, load_table, table_path,
                      table_to_json)
 from .communicator import VERSION
@@ -29,7 +30,6 @@ from .communicator import VERSION
 __all__ = ["fit_curve", "main"]
 
 MAX_BYTES = {"cpu": "4M", "gpu": "256M"}
-NOISY = 0.25  # sample spread above which tune warns that the machine is busy
 MAX_KNOTS = 4  # interior knots at most: more would fit noise
 MIN_KNOT_GAP = 3  # measured sizes from one knot to the next: one outlier is no knot
 
@@ -124,16 +124,6 @@ def _non_decreasing(values):
     return [max(mean, 0.0) for mean, weight in blocks for _ in range(weight)]
 
 
-def _noise(results) -> float:
-    """Median over cases of (75th - 25th percentile) / median of the samples."""
-    spreads = []
-    for r in results:
-        if r["status"] == "ok" and len(r["samples"]) >= 3:
-            q25, q50, q75 = np.percentile(r["samples"], [25, 50, 75])
-            spreads.append((q75 - q25) / q50)
-    return float(np.median(spreads)) if spreads else 0.0
-
-
 def _summary(table: Table, capacity: dict, measured: dict) -> str:
     lines = [f"# algorithm table for {table.world_size} x {table.device_kind} ({table.platform})"]
     for name, curve in table.curves.items():
@@ -192,8 +182,8 @@ def main(argv=None) -> int:
         print(str(e), file=sys.stderr)
         return 1
     machine, results = raw["machine"], raw["results"]
-    spread = _noise(results)
-    if spread > NOISY:
+    spread = typical_spread(results)
+    if spread > _sweep.NOISY_SPREAD:
         print(f"jax_ar tune: warning: timing samples spread {spread:.0%} around their median "
               "(typical case); the machine is busy, so the table may follow noise. Re-run "
               "when it is idle.", file=sys.stderr)
