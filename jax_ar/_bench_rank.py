@@ -16,6 +16,7 @@ import time
 import traceback
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -69,8 +70,6 @@ class Runner:
         return lambda x: (jax_ar.all_reduce(x, AXIS, op=op, algorithm=algorithm),)
 
     def _rms_norm_step(self, variant, eps):
-        import jax.numpy as jnp
-
         def norm(residual_out, gamma):
             r = residual_out.astype(jnp.float32)
             scale = jax.lax.rsqrt(jnp.mean(r * r, axis=-1, keepdims=True) + eps)
@@ -107,33 +106,18 @@ class Runner:
         """Times one case; case["at_capacity"] = an algorithm sizes the
         message to one round of that algorithm's workspace."""
         cfg = self.config
-        algorithm, dtype_name, op = case["algorithm"], case["dtype"], case["op"]
+        algorithm = case["algorithm"]
         result = dict(case, chain=0, time_us=None, samples=[], wrong=0, status="ok")
         result.pop("at_capacity", None)
         reason = self.unavailable.get(algorithm)
         if reason:
             result["status"] = reason
             return result
-        itemsize = data.DTYPES[dtype_name].itemsize
         if case.get("at_capacity"):  # exactly what one workspace round carries
+            itemsize = data.DTYPES[case["dtype"]].itemsize
             count = self.comm.capacity_bytes(case["at_capacity"]) // itemsize
             result.update(count=count, bytes=count * itemsize)
-        count = result["count"]
-        if op == "rms_norm":
-            tokens, hidden = case["tokens"], case["hidden"]
-            chain = cfg["iters"]
-            step = self._rms_norm_step(algorithm, cfg["eps"])
-            program = chained(step, self.mesh, AXIS, chain, n_args=3)
-            inputs = {r: data.rms_norm_inputs(dtype_name, tokens, hidden, r, self.world,
-                                              cfg["seed"]) for r in range(self.world)}
-            x = _global_input(self.mesh, (tokens, hidden), lambda r: inputs[r][0])
-            args = (x, _replicated(self.mesh, inputs[0][1]), _replicated(self.mesh, inputs[0][2]))
-        else:
-            chain = data.chain_length(op, dtype_name, self.world, cfg["iters"])
-            program = chained(self._all_reduce_step(algorithm, op), self.mesh, AXIS, chain)
-            x = _global_input(self.mesh, (count,), lambda r: data.rank_values(
-                dtype_name, count, r, self.world, cfg["seed"]))
-            args = (x,)
+        program, args, chain, check = self._prepare(result)
         try:
             compiled = self._compile(program, args, algorithm, chain)
         except Exception as e:
@@ -149,19 +133,40 @@ class Runner:
                                calibrate(run, cfg["warmup"]), cfg.get("gather_timeout_s", 300)))
         launches = launches_for(launch_s, cfg["launches"], cfg["min_sample_s"])
         median, samples, out = measure(run, chain, launches, cfg["repeats"])
-        if op == "rms_norm":
-            parts = [inputs[r][0] for r in range(self.world)]
-            want_out, want_res = data.rms_norm_reference(parts, inputs[0][1], inputs[0][2],
-                                                         cfg["eps"], chain)
-            wrong = data.rms_norm_wrong(_local(out[0]), want_out) + \
-                data.rms_norm_wrong(_local(out[1]), want_res)
-        else:
-            want = data.reference(op, dtype_name, count, self.world, chain, cfg["seed"])
-            wrong = data.count_wrong(_local(out[0]), want)
-        del out
         result.update(chain=chain, launches=launches, time_us=median, samples=samples,
-                      wrong=wrong)
+                      wrong=check(out))
         return result
+
+    def _prepare(self, case):
+        """(program, its arguments, chain length, check(outputs) -> #wrong)."""
+        cfg, dtype_name, count = self.config, case["dtype"], case["count"]
+        if case["op"] == "rms_norm":
+            tokens, hidden, chain = case["tokens"], case["hidden"], cfg["iters"]
+            step = self._rms_norm_step(case["algorithm"], cfg["eps"])
+            inputs = [data.rms_norm_inputs(dtype_name, tokens, hidden, r, self.world, cfg["seed"])
+                      for r in range(self.world)]
+            x, residual, gamma = inputs[0]
+            args = (_global_input(self.mesh, (tokens, hidden), lambda r: inputs[r][0]),
+                    _replicated(self.mesh, residual), _replicated(self.mesh, gamma))
+
+            def check(out):
+                want_out, want_res = data.rms_norm_reference(
+                    [inp[0] for inp in inputs], residual, gamma, cfg["eps"], chain)
+                return (data.rms_norm_wrong(_local(out[0]), want_out)
+                        + data.rms_norm_wrong(_local(out[1]), want_res))
+
+            return chained(step, self.mesh, AXIS, chain, n_args=3), args, chain, check
+        op = case["op"]
+        chain = data.chain_length(op, dtype_name, self.world, cfg["iters"])
+        step = self._all_reduce_step(case["algorithm"], op)
+        x = _global_input(self.mesh, (count,), lambda r: data.rank_values(
+            dtype_name, count, r, self.world, cfg["seed"]))
+
+        def check(out):
+            want = data.reference(op, dtype_name, count, self.world, chain, cfg["seed"])
+            return data.count_wrong(_local(out[0]), want)
+
+        return chained(step, self.mesh, AXIS, chain), (x,), chain, check
 
     def machine(self):
         info = {

@@ -54,6 +54,13 @@ def test_chained_data_are_exact_in_any_reduction_order(dtype_name):
                     y = _reduce(parts, op, dtype, list(order), in_dtype)
                     parts = [y.astype(dtype) if op != "avg" or dtype != np.int32 else y] * world
                 assert data.count_wrong(y, want) == 0, (dtype_name, world, op, order, in_dtype)
+            # A kernel that never read its peers (every rank reduces n copies of
+            # its own data) is caught on some rank at every element.
+            parts = [data.rank_values(dtype_name, 999, r, world, seed=3) for r in range(world)]
+            once = data.reference(op, dtype_name, 999, world, 1, seed=3)
+            worst = max(data.count_wrong(_reduce([p] * world, op, dtype, range(world), False),
+                                         once) for p in parts)
+            assert worst == 999, (dtype_name, world, op)
 
 
 def run_cli(*args, timeout=300):
