@@ -22,8 +22,8 @@ from ._table import (TABLE_ENV, CostCurve, Table, TableError, load_table,  # noq
                      table_path)
 from .communicator import VERSION
 
-__all__ = ["CANDIDATES", "TableError", "choose_algorithm", "clear_cache", "default_table",
-           "predict_all", "predict_us", "table_for"]
+__all__ = ["CANDIDATES", "TableError", "choose_algorithm", "choose_for", "clear_cache",
+           "default_table", "predict_all", "predict_us", "table_for"]
 
 CANDIDATES = ("oneshot", "twoshot", "psum")
 
@@ -139,3 +139,11 @@ def choose_algorithm(platform: str, world: int, nbytes: int, *, device_kind: str
         f"(predicted " + ", ".join(f"{a} {t:.1f} us" for a, t in predictions.items())
         + f"; table: {table.source})")
     return best
+
+
+def choose_for(comm, nbytes: int) -> str:
+    """choose_algorithm for a message of `nbytes` over communicator `comm`
+    (its platform, world size, device kind and workspace rounds)."""
+    return choose_algorithm(comm.platform, comm.world_size, nbytes,
+                            device_kind=comm.groups[0][0].device_kind,
+                            capacity_bytes=comm.capacity_bytes)
