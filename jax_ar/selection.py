@@ -51,13 +51,14 @@ def _gpu_defaults(n: int) -> dict:
 
 
 # CPU devices: ranks are processes copying through POSIX shared memory; psum
-# goes through gloo over localhost TCP. Measured with `python -m jax_ar bench`
-# on a 2-core x86 VM (docs/benchmarks.md); a rough guide for other machines.
+# goes through gloo over localhost TCP and never wins. Set from
+# `python -m jax_ar bench` runs of 2 ranks on a 2-core x86 VM
+# (docs/benchmarks.md); the growth with the world size is a guess.
 def _cpu_defaults(n: int) -> dict:
     return {
-        "oneshot": CostCurve.linear(25.0 + 10.0 * n, 150.0 * (n - 1) + 100.0 * n),
-        "twoshot": CostCurve.linear(50.0 + 20.0 * n, 300.0 + 60.0 * n),
-        "psum": CostCurve.linear(300.0 + 150.0 * n, 1500.0 + 400.0 * n),
+        "oneshot": CostCurve.linear(10.0 + 5.0 * n, 450.0 * n),
+        "twoshot": CostCurve.linear(15.0 + 5.0 * n, 350.0 * n),
+        "psum": CostCurve.linear(250.0 + 100.0 * n, 600.0 * n),
     }
 
 
