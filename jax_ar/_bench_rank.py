@@ -8,24 +8,31 @@ differ from the host reference.
 """
 from __future__ import annotations
 
-import json
 import os
-import platform as host_platform
 import sys
-import time
-import traceback
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+# The launcher's bootstrap puts the script's folder first on sys.path; here
+# that is the jax_ar package itself, whose module names (config, flax, ...)
+# must not shadow top-level packages.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
-import jax_ar
-from jax_ar import _bench_data as data
-from jax_ar import _compat
-from jax_ar._timing import (calibrate, chained, count_collectives, launches_for, measure,
-                            psum_like)
-from jax_ar.communicator import VERSION
+import json  # noqa: E402
+import platform as host_platform  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jax_ar  # noqa: E402
+from jax_ar import _bench_data as data  # noqa: E402
+from jax_ar import _compat  # noqa: E402
+from jax_ar._timing import (calibrate, chained, count_collectives, launches_for,  # noqa: E402
+                            measure, psum_like)
+from jax_ar.communicator import VERSION  # noqa: E402
 
 AXIS = "tp"
 XLA_ONESHOT_OPTION = "xla_gpu_unsupported_use_all_reduce_one_shot_kernel"
