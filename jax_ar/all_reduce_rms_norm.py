@@ -285,8 +285,7 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
                         f"jax_ar: all_reduce_rms_norm over {axes[0]!r} lowers to psum: {reason}")
         return unfused(psum)
     if algorithm == "auto":
-        algorithm = selection.choose_algorithm(comm.platform, comm.world_size,
-                                               x.size * x.dtype.itemsize)
+        algorithm = selection.choose_for(comm, x.size * x.dtype.itemsize)
         if algorithm == "psum":
             return unfused(psum)
 
