@@ -71,4 +71,22 @@ inline ffi::Error CheckNormResult(const char* op, const char* name, const ffi::A
   return ffi::Error::Success();
 }
 
+// Everything the rms_norm handlers check: the operands, `out` like x, and
+// with a residual (non-null) `residual` and `residual_out` like x too.
+inline ffi::Error CheckRmsNormCall(const char* op, const ffi::AnyBuffer& x,
+                                   const ffi::AnyBuffer* residual, const ffi::AnyBuffer& gamma,
+                                   const ffi::AnyBuffer& out, const ffi::AnyBuffer* residual_out,
+                                   float eps, size_t& rows, size_t& hidden) {
+  if (auto error = CheckNormOperands(op, x, gamma, eps, rows, hidden); error.failure()) {
+    return error;
+  }
+  const ffi::DataType dtype = x.element_type();
+  if (auto error = CheckNormResult(op, "out", x, out, dtype); error.failure()) return error;
+  if (residual == nullptr) return ffi::Error::Success();
+  if (auto error = CheckNormResult(op, "residual", x, *residual, dtype); error.failure()) {
+    return error;
+  }
+  return CheckNormResult(op, "residual_out", x, *residual_out, dtype);
+}
+
 }  // namespace jax_ar

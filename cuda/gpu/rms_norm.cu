@@ -225,20 +225,12 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
                float eps) {
   constexpr const char* kOp = "rms_norm";
   size_t rows = 0, hidden = 0;
-  if (auto error = CheckNormOperands(kOp, x, gamma, eps, rows, hidden); error.failure()) {
+  if (auto error = CheckRmsNormCall(kOp, x, residual, gamma, out, residual_out, eps, rows,
+                                    hidden);
+      error.failure()) {
     return error;
   }
   const ffi::DataType dtype = x.element_type();
-  if (auto error = CheckNormResult(kOp, "out", x, out, dtype); error.failure()) return error;
-  if (residual != nullptr) {
-    if (auto error = CheckNormResult(kOp, "residual", x, *residual, dtype); error.failure()) {
-      return error;
-    }
-    if (auto error = CheckNormResult(kOp, "residual_out", x, *residual_out, dtype);
-        error.failure()) {
-      return error;
-    }
-  }
   const size_t lanes = 16 / DtypeBytes(dtype);
   if (hidden % lanes != 0 || hidden / lanes > static_cast<size_t>(kMaxRowVectors)) {
     return InvalidArgument(std::string(kOp) + ": the CUDA kernel needs a hidden size that is a "

@@ -43,20 +43,12 @@ ffi::Error Run(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer* re
                const ffi::AnyBuffer& gamma, ffi::AnyBuffer& out, ffi::AnyBuffer* residual_out,
                float eps) {
   size_t rows = 0, hidden = 0;
-  if (auto error = CheckNormOperands(op, x, gamma, eps, rows, hidden); error.failure()) {
+  if (auto error = CheckRmsNormCall(op, x, residual, gamma, out, residual_out, eps, rows,
+                                    hidden);
+      error.failure()) {
     return error;
   }
   const ffi::DataType dtype = x.element_type();
-  if (auto error = CheckNormResult(op, "out", x, out, dtype); error.failure()) return error;
-  if (residual != nullptr) {
-    if (auto error = CheckNormResult(op, "residual", x, *residual, dtype); error.failure()) {
-      return error;
-    }
-    if (auto error = CheckNormResult(op, "residual_out", x, *residual_out, dtype);
-        error.failure()) {
-      return error;
-    }
-  }
   DispatchNormDtype(dtype, [&](auto traits) {
     NormRows<decltype(traits)>(x, residual, gamma, out, residual_out, rows, hidden, eps);
   });
