@@ -40,7 +40,7 @@ __all__ = ["rms_norm"]
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
 
 # The CUDA kernel loads 16-byte vectors and keeps a row in registers, at most
-# 4 vectors per thread for 1024 threads (cuda/gpu/rms_norm.cu kMaxRowVectors).
+# 4 vectors per thread for 1024 threads (cuda/gpu/rms_norm.h kMaxRowVectors).
 _CUDA_VECTOR_BYTES = 16
 _CUDA_MAX_ROW_VECTORS = 4096
 
