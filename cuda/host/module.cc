@@ -15,6 +15,7 @@
 #include "common/registry.h"
 #include "host/all_reduce.h"
 #include "host/rank_state.h"
+#include "host/reduce_scatter_all_gather.h"
 
 namespace nb = nanobind;
 
@@ -54,6 +55,8 @@ NB_MODULE(_jax_ar_host, m) {
   m.def("registrations", []() {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
+    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
+    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
     return targets;
   });
 

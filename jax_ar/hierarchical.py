@@ -1,0 +1,178 @@
+"""all_reduce over several mesh axes: jax_ar inside a host, psum across hosts.
+
+jax_ar.all_reduce(x, ("node", "local")) lands here. One of the axes (the
+"inner" one) has a communicator that serves calls, which means each of its
+groups lies within one host; the others ("outer") are left to XLA's own
+collectives (NCCL between GPU hosts, gloo between CPU processes). Two plans:
+
+  allreduce_psum        (a) jax_ar all-reduce over the inner axis, then psum
+                            of the whole message over the outer axes;
+  scatter_psum_gather   (b) jax_ar reduce-scatter over the inner axis, psum of
+                            each rank's 1/n share over the outer axes, jax_ar
+                            all-gather over the inner axis: the two halves of
+                            two-shot with the cross-host step in between,
+                            which sends n times less across hosts.
+
+algorithm="auto" picks the plan with the lower predicted time
+(`predict_plans_us`); "oneshot" is plan (a) with the one-shot kernel inside,
+"twoshot" is plan (b), "psum" is psum over every axis.
+
+What is guaranteed bit for bit (docs/multi_host.md says more): inside a
+host every kernel reduces in rank order, so the host sum h_k is the same on
+all ranks of host k and the same in both plans. In plan (b) every element
+of the result is reduced across hosts exactly once, by one psum group, and
+then copied, so all ranks hold the same bits as long as psum gives its own
+group members the same bits. Plan (a) runs one psum group per inner rank on
+identical inputs, so it additionally needs psum to be deterministic. The
+two plans agree with each other bit for bit when the cross-host reduction
+does not depend on order: two hosts (a + b == b + a), integer sums, max and
+min; with more hosts psum's order (XLA's, NCCL's) decides the last bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from . import _compat, config, selection
+from .all_gather import gather_rows
+from .all_reduce import _as_varying, _psum_like, _reduce_leaves
+from .communicator import find_communicator
+from .reduce_scatter import scatter_rows
+
+__all__ = ["PLANS", "all_reduce_over_axes", "predict_plans_us"]
+
+PLANS = ("allreduce_psum", "scatter_psum_gather")
+
+# The cross-host all-reduce, until measured. GPU: published figures for one
+# 400 Gb/s NIC per GPU (HGX H100/H200 nodes): about 45 GB/s bus bandwidth in
+# nccl-tests across nodes and 25 us of latency. CPU processes: gloo over TCP,
+# the figures selection.py uses for psum.
+_ACROSS_GPU_LATENCY_US = 25.0
+_ACROSS_GPU_BUS_BYTES_PER_US = 45e3
+
+
+def _across_us(platform: str, hosts: int, nbytes: int) -> float:
+    if hosts <= 1:
+        return 0.0
+    if platform == "gpu":
+        moved = 2 * (hosts - 1) / hosts * nbytes  # a ring all-reduce's traffic per rank
+        return _ACROSS_GPU_LATENCY_US + moved / _ACROSS_GPU_BUS_BYTES_PER_US
+    return selection.predict_us(platform, hosts, "psum", nbytes)
+
+
+def _half_us(platform: str, world: int, nbytes: int) -> float:
+    """A reduce-scatter or an all-gather alone: half of two-shot's traffic;
+    most of its latency, since each is a launch and a full handshake."""
+    latency = selection.predict_us(platform, world, "twoshot", 0)
+    traffic = selection.predict_us(platform, world, "twoshot", nbytes) - latency
+    return 0.75 * latency + 0.5 * traffic
+
+
+def predict_plans_us(platform: str, inner: int, outer: int, nbytes: int) -> dict[str, float]:
+    """Predicted time of each plan for `nbytes` over `inner` ranks in a host
+    and `outer` hosts (the product of the outer axes' sizes)."""
+    inside = min(selection.predict_us(platform, inner, a, nbytes) for a in ("oneshot", "twoshot"))
+    share = -(-nbytes // inner)
+    return {
+        "allreduce_psum": inside + _across_us(platform, outer, nbytes),
+        "scatter_psum_gather": 2 * _half_us(platform, inner, nbytes)
+                               + _across_us(platform, outer, share),
+    }
+
+
+def all_reduce_over_axes(leaves, axes, op, algorithm) -> list:
+    """all_reduce of `leaves` over every axis in `axes` (two or more)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    inner, comm, why_not = _inner_axis(axes, mesh)
+    if algorithm == "psum" or comm is None:
+        if comm is None:
+            config.log_once(("psum-axes", axes), f"jax_ar: all_reduce over {axes} lowers to "
+                                                 f"psum: {why_not}")
+        return [_psum_like(leaf, axes, op) for leaf in leaves]
+    outer = tuple(a for a in axes if a != inner)
+    hosts = int(np.prod([mesh.shape[a] for a in outer]))
+    total = int(np.prod([mesh.shape[a] for a in axes]))
+
+    if algorithm == "oneshot":
+        plan, inner_algorithm = "allreduce_psum", "oneshot"
+    elif algorithm == "twoshot":
+        plan, inner_algorithm = "scatter_psum_gather", None
+    else:
+        nbytes = sum(v.size * v.dtype.itemsize for v in leaves)
+        predictions = predict_plans_us(comm.platform, comm.world_size, hosts, nbytes)
+        plan = min(PLANS, key=lambda p: predictions[p])
+        inner_algorithm = "auto"
+        config.log_once(
+            ("plan", comm.platform, comm.world_size, hosts, max(0, nbytes - 1).bit_length(), plan),
+            f"jax_ar: {nbytes} bytes over {axes} ({comm.world_size} ranks per host x {hosts}) "
+            f"-> {plan} (predicted " + ", ".join(f"{p} {t:.1f} us" for p, t in
+                                                   predictions.items()) + ")")
+
+    # Averages are sums divided once at the end, so both plans round alike.
+    kernel_op = "sum" if op == "avg" else op
+    if _compat.check_vma_enabled():
+        leaves = [_as_varying(v, axes) for v in leaves]
+    if plan == "allreduce_psum":
+        inside = _reduce_leaves(leaves, (inner,), kernel_op, inner_algorithm, comm)
+        reduced = [_psum_like(v, outer, kernel_op) for v in inside]
+    else:
+        reduced = _scatter_psum_gather(leaves, inner, outer, kernel_op, comm)
+    if op == "avg":
+        reduced = [_divide(v, total) for v in reduced]
+    return reduced
+
+
+def _inner_axis(axes, mesh):
+    """(axis, communicator, None) for the axis jax_ar serves, or (None, None,
+    why) when none can. Raises ValueError when no axis was set up at all."""
+    found = [(a, find_communicator(a, mesh.axis_names, mesh.axis_sizes)) for a in axes]
+    found = [(a, c) for a, c in found if c is not None]
+    if not found:
+        raise ValueError(f"jax_ar.all_reduce: no communicator for any of the axes {axes}; call "
+                         "jax_ar.setup(mesh, axis) for the axis whose devices share a host "
+                         "before tracing")
+    serving = [(a, c) for a, c in found if c.serves_calls]
+    if not serving:
+        reasons = "; ".join(f"{a!r}: {c.fallback_reason or 'closed'}" for a, c in found)
+        return None, None, reasons
+    # The largest group keeps the most traffic inside the host; on a tie the
+    # later axis wins (meshes put the intra-host axis last).
+    axis, comm = max(reversed(serving), key=lambda ac: ac[1].world_size)
+    return axis, comm, None
+
+
+def _scatter_psum_gather(leaves, inner, outer, op, comm):
+    """Plan (b). Leaves of one dtype travel together: flattened, joined and
+    padded so that each rank's share is a whole number of 16-byte blocks."""
+    n = comm.world_size
+    vma = _compat.check_vma_enabled()
+    out = [None] * len(leaves)
+    by_dtype: dict = {}
+    for i, leaf in enumerate(leaves):
+        if leaf.size == 0:  # nothing to exchange; psum keeps the type right
+            out[i] = _psum_like(leaf, (inner,) + outer, op)
+        else:
+            by_dtype.setdefault(np.dtype(leaf.dtype), []).append(i)
+    for dtype, members in by_dtype.items():
+        flat = jnp.concatenate([leaves[i].reshape(-1) for i in members])
+        block = max(1, 16 // dtype.itemsize)
+        share = -(-flat.size // (n * block)) * block
+        rows = jnp.pad(flat, (0, n * share - flat.size)).reshape(n, share)
+        mine = scatter_rows(rows, inner, op, comm)
+        mine = _psum_like(mine, outer, op)
+        whole = gather_rows(mine, inner, comm, invariant=vma).reshape(-1)
+        start = 0
+        for i in members:
+            size = leaves[i].size
+            out[i] = whole[start:start + size].reshape(leaves[i].shape)
+            start += size
+    return out
+
+
+def _divide(total_sum, count):
+    """avg from a sum: float32 division, rounded once (int32 gives float32, as pmean)."""
+    if total_sum.dtype == jnp.int32:
+        return total_sum.astype(jnp.float32) / np.float32(count)
+    return (total_sum.astype(jnp.float32) / np.float32(count)).astype(total_sum.dtype)
