@@ -15,7 +15,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 import jax.numpy as jnp
 
-from . import _compat, config
+from . import _call_order, _compat, config
 from .all_reduce import SUPPORTED_DTYPES, _as_varying, _check_axes, _communicator_for
 
 __all__ = ["all_gather"]
@@ -53,10 +53,14 @@ all_gather_p.def_impl(_impl)
 
 def _lowering(ctx, x, *, axis_name, comm_id, world_size, vma, invariant):
     rule = jax.ffi.ffi_lowering("jax_ar_all_gather")
-    return rule(ctx, x, comm_id=np.int64(comm_id))
+    (x,) = _call_order.after_previous_call(ctx, [x])  # CPU: keep calls in program order
+    outs = rule(ctx, x, comm_id=np.int64(comm_id))
+    _call_order.record_call(ctx, outs[0])
+    return outs
 
 
-mlir.register_lowering(all_gather_p, _lowering)
+# Not cacheable: each call must be lowered in place to be chained (_call_order.py).
+mlir.register_lowering(all_gather_p, _lowering, cacheable=False)
 
 
 def _transpose(ct, x, *, axis_name, comm_id, world_size, vma, invariant):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, config, selection
+from . import _call_order, _compat, config, selection
 from ._native import ALGORITHM_CODES, OP_CODES
 from .communicator import Communicator, find_communicator
 
@@ -42,11 +42,15 @@ all_reduce_p.def_impl(_impl)
 
 def _lowering(ctx, *args, axes, op, algorithm, comm_id, world_size, vma):
     rule = jax.ffi.ffi_lowering("jax_ar_all_reduce")
-    return rule(ctx, *args, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]),
+    args = _call_order.after_previous_call(ctx, args)  # CPU: keep calls in program order
+    outs = rule(ctx, *args, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]),
                 algorithm=np.int32(ALGORITHM_CODES[algorithm]))
+    _call_order.record_call(ctx, outs[0])
+    return outs
 
 
-mlir.register_lowering(all_reduce_p, _lowering)
+# Not cacheable: each call must be lowered in place to be chained (_call_order.py).
+mlir.register_lowering(all_reduce_p, _lowering, cacheable=False)
 
 
 def _jvp(primals, tangents, **params):

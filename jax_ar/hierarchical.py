@@ -35,7 +35,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from . import _compat, config, selection
+from . import _call_order, _compat, config, selection
 from .all_gather import gather_rows
 from .all_reduce import _as_varying, _psum_like, _reduce_leaves
 from .communicator import find_communicator
@@ -114,14 +114,39 @@ def all_reduce_over_axes(leaves, axes, op, algorithm) -> list:
     kernel_op = "sum" if op == "avg" else op
     if _compat.check_vma_enabled():
         leaves = [_as_varying(v, axes) for v in leaves]
-    if plan == "allreduce_psum":
-        inside = _reduce_leaves(leaves, (inner,), kernel_op, inner_algorithm, comm)
-        reduced = [_psum_like(v, outer, kernel_op) for v in inside]
-    else:
-        reduced = _scatter_psum_gather(leaves, inner, outer, kernel_op, comm)
+    out = [None] * len(leaves)
+    link = None
+    for members, flat in _join_by_dtype(leaves, out, (inner,) + outer, kernel_op):
+        if link is not None:
+            # One step at a time: XLA:CPU would otherwise interleave jax_ar's
+            # calls and psums of different groups differently on each host.
+            (flat,) = _call_order.after([flat], link)
+        if plan == "allreduce_psum":
+            (inside,) = _reduce_leaves([flat], (inner,), kernel_op, inner_algorithm, comm)
+            reduced = _psum_like(inside, outer, kernel_op)
+        else:
+            reduced = _scatter_psum_gather(flat, inner, outer, kernel_op, comm)
+        link = reduced
+        start = 0
+        for i in members:
+            out[i] = reduced[start:start + leaves[i].size].reshape(leaves[i].shape)
+            start += leaves[i].size
     if op == "avg":
-        reduced = [_divide(v, total) for v in reduced]
-    return reduced
+        out = [_divide(v, total) for v in out]
+    return out
+
+
+def _join_by_dtype(leaves, out, axes, op):
+    """[(indices, flat concatenation)] per dtype, in order of first
+    appearance. Empty leaves get their (empty) result in `out` right away."""
+    by_dtype: dict = {}
+    for i, leaf in enumerate(leaves):
+        if leaf.size == 0:  # nothing to exchange; psum keeps the type right
+            out[i] = _psum_like(leaf, axes, op)
+        else:
+            by_dtype.setdefault(np.dtype(leaf.dtype), []).append(i)
+    return [(members, jnp.concatenate([leaves[i].reshape(-1) for i in members]))
+            for members in by_dtype.values()]
 
 
 def _inner_axis(axes, mesh):
@@ -143,32 +168,17 @@ def _inner_axis(axes, mesh):
     return axis, comm, None
 
 
-def _scatter_psum_gather(leaves, inner, outer, op, comm):
-    """Plan (b). Leaves of one dtype travel together: flattened, joined and
-    padded so that each rank's share is a whole number of 16-byte blocks."""
+def _scatter_psum_gather(flat, inner, outer, op, comm):
+    """Plan (b) on a 1-D array: padded so that each rank's share is a whole
+    number of 16-byte blocks."""
     n = comm.world_size
-    vma = _compat.check_vma_enabled()
-    out = [None] * len(leaves)
-    by_dtype: dict = {}
-    for i, leaf in enumerate(leaves):
-        if leaf.size == 0:  # nothing to exchange; psum keeps the type right
-            out[i] = _psum_like(leaf, (inner,) + outer, op)
-        else:
-            by_dtype.setdefault(np.dtype(leaf.dtype), []).append(i)
-    for dtype, members in by_dtype.items():
-        flat = jnp.concatenate([leaves[i].reshape(-1) for i in members])
-        block = max(1, 16 // dtype.itemsize)
-        share = -(-flat.size // (n * block)) * block
-        rows = jnp.pad(flat, (0, n * share - flat.size)).reshape(n, share)
-        mine = scatter_rows(rows, inner, op, comm)
-        mine = _psum_like(mine, outer, op)
-        whole = gather_rows(mine, inner, comm, invariant=vma).reshape(-1)
-        start = 0
-        for i in members:
-            size = leaves[i].size
-            out[i] = whole[start:start + size].reshape(leaves[i].shape)
-            start += size
-    return out
+    block = max(1, 16 // flat.dtype.itemsize)
+    share = -(-flat.size // (n * block)) * block
+    rows = jnp.pad(flat, (0, n * share - flat.size)).reshape(n, share)
+    mine = scatter_rows(rows, inner, op, comm)
+    mine = _psum_like(mine, outer, op)
+    whole = gather_rows(mine, inner, comm, invariant=_compat.check_vma_enabled())
+    return whole.reshape(-1)[:flat.size]
 
 
 def _divide(total_sum, count):

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, config
+from . import _call_order, _compat, config
 from ._native import OP_CODES
 from .all_reduce import SUPPORTED_DTYPES, _as_varying, _check_axes, _communicator_for
 
@@ -47,10 +47,14 @@ reduce_scatter_p.def_impl(_impl)
 
 def _lowering(ctx, x, *, axis_name, op, comm_id, world_size, vma):
     rule = jax.ffi.ffi_lowering("jax_ar_reduce_scatter")
-    return rule(ctx, x, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]))
+    (x,) = _call_order.after_previous_call(ctx, [x])  # CPU: keep calls in program order
+    outs = rule(ctx, x, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]))
+    _call_order.record_call(ctx, outs[0])
+    return outs
 
 
-mlir.register_lowering(reduce_scatter_p, _lowering)
+# Not cacheable: each call must be lowered in place to be chained (_call_order.py).
+mlir.register_lowering(reduce_scatter_p, _lowering, cacheable=False)
 
 
 def _jvp(primals, tangents, **params):

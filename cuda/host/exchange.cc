@@ -434,8 +434,8 @@ ChunkCall::ChunkCall(Collective collective_, const std::byte* in_, std::byte* ou
   description = collective == Collective::kReduceScatter
                     ? std::string(OpName(op)) + " of " + std::to_string(world) + " x " +
                           DtypeName(dtype) + "[" + std::to_string(elements) + "]"
-                    : std::string("of ") + DtypeName(dtype) + "[" + std::to_string(elements) +
-                          "] from each of " + std::to_string(world);
+                    : "of " + std::to_string(chunk_bytes) + " bytes from each of " +
+                          std::to_string(world);
 }
 
 ffi::Error RunChunkCollective(RankState& state, const ChunkCall& call) {

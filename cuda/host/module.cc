@@ -14,6 +14,7 @@
 
 #include "common/registry.h"
 #include "host/all_reduce.h"
+#include "host/call_order.h"
 #include "host/rank_state.h"
 #include "host/reduce_scatter_all_gather.h"
 
@@ -57,6 +58,7 @@ NB_MODULE(_jax_ar_host, m) {
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
     targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
     targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
+    targets["jax_ar_order"] = EncapsulateHandler(kCallOrder);
     return targets;
   });
 
