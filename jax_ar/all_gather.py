@@ -77,7 +77,15 @@ def _transpose(ct, x, *, axis_name, comm_id, world_size, vma, invariant):
                                   world_size=world_size, vma=vma),)
 
 
-ad.deflinear2(all_gather_p, _transpose)
+ad.primitive_transposes[all_gather_p] = _transpose
+
+
+def _jvp(primals, tangents, **params):
+    (x,), (t,) = primals, tangents  # linear: the tangent goes the same way
+    return all_gather_p.bind(x, **params), all_gather_p.bind(ad.instantiate_zeros(t), **params)
+
+
+ad.primitive_jvps[all_gather_p] = _jvp
 
 
 def _batch(args, dims, **params):
