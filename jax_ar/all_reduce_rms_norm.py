@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from . import _compat, config, selection
+from . import _call_order, _compat, config, selection
 from .all_reduce import _as_varying, _check_axes, _communicator_for, all_reduce
 from ._native import ALGORITHM_CODES
 from .rms_norm import _module_serves, check_eps, check_operands, norm_tangent
@@ -80,13 +80,14 @@ all_reduce_rms_norm_p.def_impl(_impl)
 def _lowering(ctx, x, residual, gamma, scale, *, axes, algorithm, comm_id, world_size, eps,
               quantize):
     del axes, world_size
-    return jax.ffi.ffi_lowering(TARGET)(
-        ctx, x, residual, gamma, scale, comm_id=np.int64(comm_id),
+    return _call_order.ffi_call_in_order(  # CPU: keeps calls in program order
+        ctx, TARGET, (x, residual, gamma, scale), comm_id=np.int64(comm_id),
         algorithm=np.int32(ALGORITHM_CODES[algorithm]), eps=np.float32(eps),
         quantize=np.int32(1 if quantize else 0))
 
 
-mlir.register_lowering(all_reduce_rms_norm_p, _lowering)
+# Not cacheable: each call must be lowered in place to be chained (_call_order.py).
+mlir.register_lowering(all_reduce_rms_norm_p, _lowering, cacheable=False)
 
 
 def _batch(args, dims, **params):

@@ -14,8 +14,10 @@
 
 #include "common/registry.h"
 #include "host/all_reduce.h"
+#include "host/call_order.h"
 #include "host/rank_state.h"
 #include "host/rms_norm.h"
+#include "host/reduce_scatter_all_gather.h"
 
 namespace nb = nanobind;
 
@@ -58,6 +60,9 @@ NB_MODULE(_jax_ar_host, m) {
     targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
     targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
     targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
+    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
+    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
+    targets["jax_ar_order"] = EncapsulateHandler(kCallOrder);
     return targets;
   });
 
