@@ -34,8 +34,7 @@ std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ff
   return state;
 }
 
-LaunchArgs BaseLaunchArgs(const RankState& state) {
-  LaunchArgs a{};
+void FillProtocolArgs(const RankState& state, ProtocolArgs& a) {
   for (int r = 0; r < state.world; ++r) a.workspaces[r] = state.workspaces[r];
   a.local = state.local;
   a.record = state.record_device;
@@ -44,7 +43,6 @@ LaunchArgs BaseLaunchArgs(const RankState& state) {
   a.half_bytes = state.half_bytes();
   a.rank = state.rank;
   a.world = state.world;
-  return a;
 }
 
 int OneShotBlocks(uint64_t bytes, int world) {
@@ -142,7 +140,8 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }
   const uint64_t signature = CallSignature(pieces, op, algorithm, state.world);
-  LaunchArgs a = BaseLaunchArgs(state);
+  LaunchArgs a{};
+  FillProtocolArgs(state, a);
   a.slot_bytes = slot;
   a.op = static_cast<int32_t>(op);
 

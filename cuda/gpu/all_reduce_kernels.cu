@@ -41,30 +41,6 @@ __device__ __forceinline__ std::byte* TwoShotSlot(const LaunchArgs& a, int owner
   return DataHalf(a, owner, parity) + (phase * a.world + sender) * a.slot_bytes;
 }
 
-// The 16 data bytes of LL packets p[0], p[1]; zeros and ok=false if the
-// wait is given up.
-__device__ __forceinline__ uint4 ReadPacketPair(const LLPacket* p, uint32_t flag, Waiter& waiter,
-                                                int peer, bool& ok) {
-  if (!ok) return make_uint4(0, 0, 0, 0);
-  uint4 lo = LoadVolatile16(p);
-  uint4 hi = LoadVolatile16(p + 1);
-  while (lo.y != flag || lo.w != flag) {
-    if (!waiter.KeepWaiting(peer)) {
-      ok = false;
-      return make_uint4(0, 0, 0, 0);
-    }
-    lo = LoadVolatile16(p);
-  }
-  while (hi.y != flag || hi.w != flag) {
-    if (!waiter.KeepWaiting(peer)) {
-      ok = false;
-      return make_uint4(0, 0, 0, 0);
-    }
-    hi = LoadVolatile16(p + 1);
-  }
-  return make_uint4(lo.x, lo.z, hi.x, hi.z);
-}
-
 __global__ void __launch_bounds__(kOneShotThreads) OneShotKernel(const __grid_constant__ LaunchArgs a) {
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) {
@@ -103,36 +79,6 @@ __global__ void __launch_bounds__(kOneShotThreads) OneShotKernel(const __grid_co
   }
   if (ok) CheckHeader(a, waiter);
   FinishLaunch(a, ctx);
-}
-
-// Block-wide: raise this block's flag of `phase` at every peer once all of
-// the block's stores for that phase are done.
-__device__ __forceinline__ void SignalPeers(const LaunchArgs& a, int phase, uint64_t launch) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    for (int i = 1; i < a.world; ++i) {
-      const int peer = (a.rank + i) % a.world;
-      StoreReleaseSys(&ControlOf(a.workspaces[peer])->flags[phase][a.rank][blockIdx.x], launch);
-    }
-  }
-}
-
-// Block-wide: wait until the same block of every peer has signalled `phase`.
-// Returns false for the whole block if any wait was given up.
-__device__ __forceinline__ bool WaitForPeers(const LaunchArgs& a, int phase, Waiter& waiter) {
-  bool ok = true;
-  const int peer = threadIdx.x;
-  if (peer < a.world && peer != a.rank) {
-    const uint64_t* flag = &ControlOf(a.workspaces[a.rank])->flags[phase][peer][blockIdx.x];
-    while (LoadAcquireSys(flag) < waiter.launch()) {
-      if (!waiter.KeepWaiting(peer)) {
-        ok = false;
-        break;
-      }
-    }
-  }
-  return __syncthreads_and(ok) != 0;
 }
 
 __global__ void __launch_bounds__(kTwoShotThreads) TwoShotKernel(const __grid_constant__ LaunchArgs a) {

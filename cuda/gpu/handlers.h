@@ -16,8 +16,8 @@ namespace jax_ar::gpu {
 // fails when an earlier call of the communicator failed.
 std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ffi::Error& error);
 
-// LaunchArgs fields that come from the rank state alone.
-LaunchArgs BaseLaunchArgs(const RankState& state);
+// The protocol fields of a launch, from the rank state alone.
+void FillProtocolArgs(const RankState& state, ProtocolArgs& args);
 
 // Launch configuration, from static sizes and the world size only, so that
 // every rank launches the same grid and cuts data into the same pieces.

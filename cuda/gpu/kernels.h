@@ -15,6 +15,13 @@ namespace jax_ar::gpu {
 cudaError_t LaunchAllReduce(Algorithm algorithm, const LaunchArgs& args, int blocks,
                             cudaStream_t stream);
 
+// Launches one fused all-reduce + residual + RMSNorm protocol instance;
+// `vectors_per_thread` (1..4) is how many 16-byte vectors of a row each
+// thread holds.
+cudaError_t LaunchAllReduceRmsNorm(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks,
+                                   int threads, int vectors_per_thread, cudaStream_t stream);
+cudaError_t LoadRmsNormKernels();
+
 // The slot table of the current device: address of slot `slot`, and a write
 // of one slot (ordered on `stream`).
 cudaError_t LocalControlAddress(int slot, LocalControl** address);

@@ -32,12 +32,12 @@ __device__ __forceinline__ PeerControl* ControlOf(std::byte* workspace) {
 }
 
 // Rank `owner`'s data half for launches of parity `parity`.
-__device__ __forceinline__ std::byte* DataHalf(const LaunchArgs& a, int owner, int parity) {
+__device__ __forceinline__ std::byte* DataHalf(const ProtocolArgs& a, int owner, int parity) {
   return a.workspaces[owner] + kControlBytes + parity * a.half_bytes;
 }
 
 // Writes the failure record once (the host reads `kind` last-written-first).
-__device__ inline void ReportFailure(const LaunchArgs& a, uint32_t code, uint64_t launch) {
+__device__ inline void ReportFailure(const ProtocolArgs& a, uint32_t code, uint64_t launch) {
   if (atomicCAS(&a.local->reported, 0u, 1u) != 0u) return;
   volatile FailureRecord* record = a.record;
   record->rank = a.rank;
@@ -52,7 +52,7 @@ __device__ inline void ReportFailure(const LaunchArgs& a, uint32_t code, uint64_
 // Marks this rank failed with `code`. A failure found here (not one a peer
 // told us about) is passed on to every peer, so that none of them waits
 // for this rank until its own deadline.
-__device__ inline void Abort(const LaunchArgs& a, uint32_t code, uint64_t launch) {
+__device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t launch) {
   const uint32_t kind = AbortKind(code);
   if (atomicCAS(&a.local->abort, 0u, code) == 0u && (kind & kToldByPeer) == 0) {
     const uint32_t told = EncodeAbort(kind | kToldByPeer, AbortCulprit(code), AbortPeer(code));
@@ -68,7 +68,7 @@ __device__ inline void Abort(const LaunchArgs& a, uint32_t code, uint64_t launch
 // the first check so that waits that end quickly never read the clock.
 class Waiter {
  public:
-  __device__ Waiter(const LaunchArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
+  __device__ Waiter(const ProtocolArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
 
   // False when the thread must stop waiting for `peer` (the rank is aborted).
   __device__ bool KeepWaiting(int peer) {
@@ -96,7 +96,7 @@ class Waiter {
   __device__ uint64_t launch() const { return launch_; }
 
  private:
-  const LaunchArgs& a_;
+  const ProtocolArgs& a_;
   uint64_t launch_;
   uint64_t deadline_ = 0;
   uint32_t polls_ = 0;
@@ -108,11 +108,20 @@ struct LaunchContext {
   uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
 };
 
+// Outputs of a launch that cannot run: all-ones bits.
+__device__ inline void FillBytes(void* out, uint64_t bytes) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  auto* words = static_cast<uint16_t*>(out);
+  for (uint64_t k = blockIdx.x * blockDim.x + threadIdx.x; k < bytes / 2; k += stride) {
+    words[k] = 0xffffu;
+  }
+}
+
 // Every block, first thing: the launch number, or live=false when the launch
 // is stale or the rank aborted (then nothing else may be touched). Block 0
 // also claims the number; the claim is checked only at the end (CheckAlone),
 // so waiting for the atomic costs no latency.
-__device__ inline LaunchContext BeginLaunch(const LaunchArgs& a) {
+__device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
   uint64_t claimed = 0;
@@ -125,7 +134,9 @@ __device__ inline LaunchContext BeginLaunch(const LaunchArgs& a) {
       ReportFailure(a, abort, completed + 1);
       live = 0;
     }
-    if (live && blockIdx.x == 0) claimed = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull) + 1;
+    if (live && blockIdx.x == 0) {
+      claimed = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull) + 1;
+    }
     s_launch = completed + 1;
     s_live = live;
   }
@@ -137,14 +148,14 @@ __device__ inline LaunchContext BeginLaunch(const LaunchArgs& a) {
 // communicator claimed a number meanwhile, two launches ran at once on this
 // device (XLA scheduled two calls concurrently) and both may have used the
 // same buffers: the communicator fails instead of returning mixed data.
-__device__ inline void CheckAlone(const LaunchArgs& a, const LaunchContext& ctx) {
+__device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ctx) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && ctx.claimed != ctx.launch) {
     Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank), ctx.launch);
   }
 }
 
 // Every block, last thing (all threads): the last block advances the count.
-__device__ inline void FinishLaunch(const LaunchArgs& a, const LaunchContext& ctx) {
+__device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
   CheckAlone(a, ctx);
   const uint64_t launch = ctx.launch;
   __syncthreads();
@@ -157,19 +168,13 @@ __device__ inline void FinishLaunch(const LaunchArgs& a, const LaunchContext& ct
   }
 }
 
-// Outputs of a launch that cannot run: all-ones bits.
 __device__ inline void FillOutputs(const LaunchArgs& a) {
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (int i = 0; i < a.num_segments; ++i) {
-    auto* out = static_cast<uint16_t*>(a.segments[i].out);
-    const uint64_t n = a.segments[i].bytes / 2;
-    for (uint64_t k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) out[k] = 0xffffu;
-  }
+  for (int i = 0; i < a.num_segments; ++i) FillBytes(a.segments[i].out, a.segments[i].bytes);
 }
 
 // Call headers: block 0's threads 0..world-1 each send the launch signature
 // to one peer as an LL packet, and later compare what that peer sent.
-__device__ inline void SendHeader(const LaunchArgs& a, uint64_t launch) {
+__device__ inline void SendHeader(const ProtocolArgs& a, uint64_t launch) {
   const int peer = threadIdx.x;
   if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return;
   const uint32_t flag = LaunchFlag(launch);
@@ -179,7 +184,7 @@ __device__ inline void SendHeader(const LaunchArgs& a, uint64_t launch) {
 }
 
 // Returns false if the wait was given up (the rank is then aborted).
-__device__ inline bool CheckHeader(const LaunchArgs& a, Waiter& waiter) {
+__device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
   const int peer = threadIdx.x;
   if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return true;
   const uint64_t launch = waiter.launch();
@@ -196,6 +201,60 @@ __device__ inline bool CheckHeader(const LaunchArgs& a, Waiter& waiter) {
     return false;
   }
   return true;
+}
+
+// The 16 data bytes of LL packets p[0], p[1]; zeros and ok=false if the
+// wait is given up.
+__device__ __forceinline__ uint4 ReadPacketPair(const LLPacket* p, uint32_t flag, Waiter& waiter,
+                                                int peer, bool& ok) {
+  if (!ok) return make_uint4(0, 0, 0, 0);
+  uint4 lo = LoadVolatile16(p);
+  uint4 hi = LoadVolatile16(p + 1);
+  while (lo.y != flag || lo.w != flag) {
+    if (!waiter.KeepWaiting(peer)) {
+      ok = false;
+      return make_uint4(0, 0, 0, 0);
+    }
+    lo = LoadVolatile16(p);
+  }
+  while (hi.y != flag || hi.w != flag) {
+    if (!waiter.KeepWaiting(peer)) {
+      ok = false;
+      return make_uint4(0, 0, 0, 0);
+    }
+    hi = LoadVolatile16(p + 1);
+  }
+  return make_uint4(lo.x, lo.z, hi.x, hi.z);
+}
+
+// Block-wide: raise this block's flag of `phase` at every peer once all of
+// the block's stores for that phase are done.
+__device__ __forceinline__ void SignalPeers(const ProtocolArgs& a, int phase, uint64_t launch) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int i = 1; i < a.world; ++i) {
+      const int peer = (a.rank + i) % a.world;
+      StoreReleaseSys(&ControlOf(a.workspaces[peer])->flags[phase][a.rank][blockIdx.x], launch);
+    }
+  }
+}
+
+// Block-wide: wait until the same block of every peer has signalled `phase`.
+// Returns false for the whole block if any wait was given up.
+__device__ __forceinline__ bool WaitForPeers(const ProtocolArgs& a, int phase, Waiter& waiter) {
+  bool ok = true;
+  const int peer = threadIdx.x;
+  if (peer < a.world && peer != a.rank) {
+    const uint64_t* flag = &ControlOf(a.workspaces[a.rank])->flags[phase][peer][blockIdx.x];
+    while (LoadAcquireSys(flag) < waiter.launch()) {
+      if (!waiter.KeepWaiting(peer)) {
+        ok = false;
+        break;
+      }
+    }
+  }
+  return __syncthreads_and(ok) != 0;
 }
 
 // Index of the segment holding packed offset x (< a.bytes); segments are

@@ -132,23 +132,58 @@ struct SegmentArg {
   int32_t aligned;  // in and out are 16-byte aligned: vector loads/stores
 };
 
-struct LaunchArgs {
+// What every launch's protocol needs (launch_protocol.cuh).
+struct ProtocolArgs {
   std::byte* workspaces[kMaxRanks];  // as this device addresses them; [rank] is ours
   LocalControl* local;               // our slot of the never-freed table
   FailureRecord* record;             // host-mapped, device address
   uint64_t token;                    // must equal local->token, else the launch is stale
   uint64_t timeout_ns;
   uint64_t signature;   // this launch's call signature, compared with every peer's
-  uint64_t bytes;       // packed bytes of this launch (a multiple of 16)
   uint64_t half_bytes;  // bytes of one data half of a workspace
-  uint64_t slot_bytes;  // bytes of one sender's slot in a data half
-  uint64_t chunk_bytes;          // two-shot: bytes each rank reduces
-  uint64_t vectors_per_block;    // two-shot: 16-byte vectors of a chunk per block
   int32_t rank;
   int32_t world;
-  int32_t op;  // ReduceOp
+};
+
+// One launch of the all-reduce kernels.
+struct LaunchArgs : ProtocolArgs {
+  uint64_t bytes;              // packed bytes of this launch (a multiple of 16)
+  uint64_t slot_bytes;         // bytes of one sender's slot in a data half
+  uint64_t chunk_bytes;        // two-shot: bytes each rank reduces
+  uint64_t vectors_per_block;  // two-shot: 16-byte vectors of a chunk per block
+  int32_t op;                  // ReduceOp
   int32_t num_segments;
   SegmentArg segments[kMaxSegmentsPerLaunch];
+};
+
+// One launch of the fused all-reduce + residual + RMSNorm kernels: `rows`
+// rows of `hidden` elements starting at the given pointers. One-shot: every
+// rank sends all its rows (LL packets, slot per sender of
+// rows * row_bytes * 2 bytes) and normalizes all rows. Two-shot: rank j owns
+// rows [j * group_rows, (j + 1) * group_rows); phase 0 sends each group's x
+// to its owner (phase0_slot_bytes per sender), the owner reduces and
+// normalizes, phase 1 sends both outputs of the group to everybody
+// (phase1_slot_bytes per sender: residual_out rows, then out rows).
+struct RmsNormLaunchArgs : ProtocolArgs {
+  const void* x;
+  const void* residual;
+  const void* gamma;
+  const float* scale;  // read only when quantize
+  void* out;           // x's type, or float8_e4m3fn when quantize
+  void* residual_out;
+  int64_t rows;
+  int64_t group_rows;      // two-shot
+  int64_t rows_per_block;  // two-shot: rows of a group each block covers
+  uint64_t slot_bytes;          // one-shot
+  uint64_t phase0_slot_bytes;   // two-shot
+  uint64_t phase1_slot_bytes;   // two-shot
+  uint64_t out_offset;          // two-shot: where out rows start in a phase-1 slot
+  int32_t row_vectors;      // hidden / lanes
+  int32_t threads_per_row;  // power of two; blockDim.x / threads_per_row rows at a time
+  float eps;
+  float inv_hidden;
+  int32_t quantize;
+  Dtype dtype;
 };
 
 // The LL flag of a launch: never 0, the value of freshly zeroed memory.

@@ -171,8 +171,10 @@ void RegisterRank(uint64_t comm_id, int device, int rank, int world,
     throw std::invalid_argument("jax_ar: workspace smaller than its control block");
   }
   DeviceGuard guard(device);
-  Check(LoadKernels(), "loading jax_ar's kernels on GPU " + std::to_string(device) +
-                           " (was the package built for this GPU's architecture?)");
+  for (cudaError_t err : {LoadKernels(), LoadRmsNormKernels()}) {
+    Check(err, "loading jax_ar's kernels on GPU " + std::to_string(device) +
+                   " (was the package built for this GPU's architecture?)");
+  }
   auto state = std::make_shared<RankState>();
   state->comm_id = comm_id;
   state->device_ordinal = device;
@@ -370,7 +372,7 @@ NB_MODULE(_jax_ar_cuda, m) {
   m.def("registrations", []() {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
-    // targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
+    targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
     return targets;
   });
 

@@ -149,18 +149,29 @@ __device__ __forceinline__ void DispatchDtype(Dtype d, Fn&& fn) {
   }
 }
 
-// Reduces one 16-byte vector over `world` sources in rank order;
-// source(s) returns rank s's vector. avg divides the float32 sum once.
+// Combines one 16-byte vector over `world` sources in rank order into `acc`
+// (the accumulator lanes, not rounded); source(s) returns rank s's vector.
 template <Dtype D, typename Source>
-__device__ __forceinline__ uint4 ReduceVector(int op, int world, Source&& source) {
+__device__ __forceinline__ void AccumulateVector(int op, int world, Source&& source,
+                                                 typename Vec<D>::Acc* acc) {
   using V = Vec<D>;
-  typename V::Acc acc[V::kLanes], next[V::kLanes];
+  typename V::Acc next[V::kLanes];
   V::Unpack(source(0), acc);
   for (int s = 1; s < world; ++s) {
     V::Unpack(source(s), next);
 #pragma unroll
     for (int i = 0; i < V::kLanes; ++i) acc[i] = Combine(op, acc[i], next[i]);
   }
+}
+
+// The reduction of one 16-byte vector, rounded once to the element type;
+// avg divides the float32 sum once (int32 "avg" never reaches a kernel:
+// jax_ar sums integers and divides in float32, as pmean does).
+template <Dtype D, typename Source>
+__device__ __forceinline__ uint4 ReduceVector(int op, int world, Source&& source) {
+  using V = Vec<D>;
+  typename V::Acc acc[V::kLanes];
+  AccumulateVector<D>(op, world, source, acc);
   if constexpr (D != Dtype::kS32) {
     if (op == static_cast<int>(ReduceOp::kAvg)) {
       const float n = static_cast<float>(world);
