@@ -155,13 +155,18 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
 }
 
 // Every block, last thing (all threads): the last block advances the count.
+// It also looks for a failure a peer told this rank about: a launch whose
+// data all arrived never polls long enough to see it (a peer may time out
+// after sending), and the next launches must know the communicator broke.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
   CheckAlone(a, ctx);
   const uint64_t launch = ctx.launch;
   __syncthreads();
   if (threadIdx.x == 0) {
+    const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
     __threadfence();
     if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
+      if (told != 0) Abort(a, told, launch);
       a.local->blocks_done = 0;
       StoreVolatile64(&a.local->completed, launch);
     }

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The whole GPU run of jax_ar in one command, on the device machine (one or
+# more NVIDIA GPUs, no network), from the repository root:
+#
+#   bash scripts/gpu_run.sh [STAGE...]
+#
+# Stages, in this order (default: all of them):
+#   build  pip install -e . (CUDA module for CMAKE_CUDA_ARCHITECTURES, default 90)
+#   smoke  2 ranks, no pytest: the CUDA-only suites, the skipped-call path,
+#          and all_reduce values/specials; the fastest signal that the kernels work
+#   tests  pytest with JAX_AR_TEST_PLATFORM=gpu, ranks sharing the GPU
+#          (2, 4, 8): tests/test_gpu.py, tests/test_all_reduce.py and, when
+#          present, the norm tests (JAX_AR_GPU_TESTS overrides the list,
+#          JAX_AR_GPU_TESTS_K passes -k)
+#   bench  per-call overhead (2 ranks, command buffers on, then off), then
+#          benchmarks/rms_norm_bench.py and python -m jax_ar bench when present
+#
+# CUDA MPS is started before the first stage that runs ranks and stopped at
+# exit (several processes on one GPU only run kernels concurrently under MPS).
+# Results go to $OUT (default ./gpu_results): summary.txt (machine, date,
+# PASS/FAIL/SKIP per step with seconds, benchmark figures) and one log per
+# stage, plus the benchmarks' JSON; at most 8 files. JAX_AR_GPU_BUDGET_S
+# (default 3000) bounds the whole run: each step gets what is left of it, so
+# a run cut short still leaves its summary.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-$PWD/gpu_results}"
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+BUDGET_S="${JAX_AR_GPU_BUDGET_S:-3000}"
+START_S=$(date +%s)
+PYTHON="${PYTHON:-python3}"
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(build smoke tests bench)
+export PYTHONUNBUFFERED=1
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+wants() { local s; for s in "${STAGES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+left() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
+
+# step NAME LOG CMD...: runs CMD with what is left of the budget, appends
+# its output to LOG and a PASS/FAIL/SKIP line to the summary.
+step() {
+  local name="$1" log="$2"; shift 2
+  local budget; budget=$(left)
+  if [ "$budget" -lt 30 ]; then say "SKIP  $name (budget spent)"; return 1; fi
+  echo "===== $name ($(date -u +%H:%M:%S), up to ${budget}s): $*" >> "$log"
+  local t0=$(date +%s) rc
+  timeout --kill-after=15 "$budget" "$@" >> "$log" 2>&1
+  rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  if [ $rc -eq 0 ]; then say "PASS  $name (${dt}s)"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then say "TIME  $name (killed after ${dt}s)"
+  else say "FAIL  $name (exit $rc, ${dt}s; see $(basename "$log"))"; fi
+  return $rc
+}
+
+: > "$SUMMARY"
+say "jax_ar GPU run: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), stages: ${STAGES[*]}"
+say "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | paste -sd ';' -), $(nproc) CPUs"
+say "python: $($PYTHON -c 'import sys, jax; print(sys.version.split()[0], "jax", jax.__version__)' 2>/dev/null)"
+
+MPS_STARTED=0
+MPS_TRIED=0
+start_mps() {
+  [ $MPS_TRIED -eq 1 ] && return
+  MPS_TRIED=1
+  export CUDA_MPS_PIPE_DIRECTORY="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/jax_ar_mps}"
+  export CUDA_MPS_LOG_DIRECTORY="${CUDA_MPS_LOG_DIRECTORY:-/tmp/jax_ar_mps_log}"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if ! command -v nvidia-cuda-mps-control > /dev/null; then
+    say "NOTE  nvidia-cuda-mps-control not found: ranks sharing a GPU will fall back to psum"
+  elif nvidia-cuda-mps-control -d; then
+    MPS_STARTED=1
+    say "NOTE  CUDA MPS started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+  else
+    say "NOTE  CUDA MPS did not start (already running?)"
+  fi
+}
+stop_mps() {
+  if [ $MPS_STARTED -eq 1 ]; then
+    echo quit | timeout 20 nvidia-cuda-mps-control || say "NOTE  MPS did not quit cleanly"
+    MPS_STARTED=0
+  fi
+}
+trap stop_mps EXIT
+
+if wants build; then
+  export CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}"
+  step build "$OUT/build.log" "$PYTHON" -m pip install --no-build-isolation --no-deps -e . \
+    || { say "build failed: stopping"; exit 1; }
+  "$PYTHON" -c "import jax_ar._jax_ar_cuda" >> "$OUT/build.log" 2>&1 \
+    || say "FAIL  the CUDA module does not import (see build.log)"
+fi
+
+# The launcher kills its ranks at its own deadline (they run in sessions of
+# their own, so the step's timeout would leave them running): give it a
+# little less than the step gets.
+launcher() { echo "$PYTHON" -m jax_ar launch --platform gpu --timeout $(( $(left) - 20 )) -n "$1"; }
+
+if wants smoke; then
+  start_mps
+  export JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-60}" JAX_AR_TEST_PLATFORM=gpu
+  step "smoke: CUDA suites, 2 ranks" "$OUT/smoke.log" $(launcher 2) tests/workers/gpu_worker.py \
+    fused sizes back_to_back replay_after_close timeout
+  step "smoke: all_reduce values/specials/pytree, 2 ranks" "$OUT/smoke.log" $(launcher 2) \
+    tests/workers/all_reduce_worker.py values specials pytree
+fi
+
+if wants tests; then
+  start_mps
+  if [ -n "${JAX_AR_GPU_TESTS:-}" ]; then
+    read -r -a TEST_FILES <<< "$JAX_AR_GPU_TESTS"
+  else
+    TEST_FILES=(tests/test_gpu.py tests/test_all_reduce.py)
+    for f in tests/test_*rms_norm*.py tests/test_flax*.py; do [ -e "$f" ] && TEST_FILES+=("$f"); done
+  fi
+  K_ARGS=()
+  [ -n "${JAX_AR_GPU_TESTS_K:-}" ] && K_ARGS=(-k "$JAX_AR_GPU_TESTS_K")
+  export JAX_AR_TEST_PLATFORM=gpu
+  step "pytest ${TEST_FILES[*]}" "$OUT/tests.log" \
+    "$PYTHON" -m pytest -q -rA --durations=0 -p no:cacheprovider "${K_ARGS[@]}" "${TEST_FILES[@]}"
+  grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/tests.log" | tail -40 >> "$SUMMARY"
+fi
+
+if wants bench; then
+  start_mps
+  export JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-60}"
+  CALLS="${JAX_AR_PER_CALL_CALLS:-500}"
+  for mode in on off; do
+    (
+      [ "$mode" = off ] && export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+      step "per-call overhead, command buffers $mode" "$OUT/bench.log" $(launcher 2) \
+        benchmarks/per_call_overhead.py --calls "$CALLS"
+    )
+  done
+  grep -h "PER_CALL_RESULT" "$OUT/bench.log" | sed 's/^.*PER_CALL_RESULT //' > "$OUT/per_call.json"
+  grep -h "per call:" "$OUT/bench.log" | sed 's/^\[rank 0\] /      /' >> "$SUMMARY"
+  if [ -e benchmarks/rms_norm_bench.py ]; then
+    step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py
+    grep -hiE "TB/s|fused" "$OUT/bench.log" | tail -20 >> "$SUMMARY"
+  fi
+  if [ -e jax_ar/bench.py ]; then
+    BENCH_DIR="$(mktemp -d)"
+    step "python -m jax_ar bench (2 ranks)" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -n 2 \
+      --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$BENCH_DIR" --no-plot
+    [ -e "$BENCH_DIR/bench.json" ] && cp "$BENCH_DIR/bench.json" "$OUT/jax_ar_bench.json"
+  fi
+fi
+
+stop_mps
+say "done after $(( $(date +%s) - START_S ))s"
