@@ -4,15 +4,17 @@
 #
 #   bash scripts/gpu_run.sh [STAGE...]
 #
-# Stages, in this order (default: all of them):
+# Stages run in the order given (default: build smoke tests bench):
 #   build  pip install -e . (CUDA module for CMAKE_CUDA_ARCHITECTURES, default 90)
-#   smoke  2 ranks, no pytest: the CUDA-only suites, the skipped-call path,
-#          and all_reduce values/specials; the fastest signal that the kernels work
+#   smoke  2 ranks, no pytest: the CUDA-only suites (JAX_AR_SMOKE_SUITES), then
+#          all_reduce values/specials/pytree (JAX_AR_SMOKE_VALUES, empty skips);
+#          the fastest signal that the kernels work
 #   tests  pytest with JAX_AR_TEST_PLATFORM=gpu, ranks sharing the GPU
 #          (2, 4, 8): tests/test_gpu.py, tests/test_all_reduce.py and, when
 #          present, the norm tests (JAX_AR_GPU_TESTS overrides the list,
 #          JAX_AR_GPU_TESTS_K passes -k)
-#   bench  per-call overhead (2 ranks, command buffers on, then off), then
+#   bench  per-call overhead (2 ranks; command buffers JAX_AR_PER_CALL_MODES,
+#          default "on off"; JAX_AR_PER_CALL_CALLS calls per program), then
 #          benchmarks/rms_norm_bench.py and python -m jax_ar bench when present
 #
 # CUDA MPS is started before the first stage that runs ranks and stopped at
@@ -36,7 +38,6 @@ STAGES=("$@")
 export PYTHONUNBUFFERED=1
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
-wants() { local s; for s in "${STAGES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 left() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
 
 # step NAME LOG CMD...: runs CMD with what is left of the budget, appends
@@ -86,68 +87,81 @@ stop_mps() {
 }
 trap stop_mps EXIT
 
-if wants build; then
+stage_build() {
   export CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}"
   step build "$OUT/build.log" "$PYTHON" -m pip install --no-build-isolation --no-deps -e . \
     || { say "build failed: stopping"; exit 1; }
   "$PYTHON" -c "import jax_ar._jax_ar_cuda" >> "$OUT/build.log" 2>&1 \
     || say "FAIL  the CUDA module does not import (see build.log)"
-fi
+}
 
 # The launcher kills its ranks at its own deadline (they run in sessions of
 # their own, so the step's timeout would leave them running): give it a
 # little less than the step gets.
 launcher() { echo "$PYTHON" -m jax_ar launch --platform gpu --timeout $(( $(left) - 20 )) -n "$1"; }
 
-if wants smoke; then
+stage_smoke() {
   start_mps
   export JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-60}" JAX_AR_TEST_PLATFORM=gpu
-  step "smoke: CUDA suites, 2 ranks" "$OUT/smoke.log" $(launcher 2) tests/workers/gpu_worker.py \
-    fused sizes back_to_back replay_after_close timeout
-  step "smoke: all_reduce values/specials/pytree, 2 ranks" "$OUT/smoke.log" $(launcher 2) \
-    tests/workers/all_reduce_worker.py values specials pytree
-fi
-
-if wants tests; then
-  start_mps
-  if [ -n "${JAX_AR_GPU_TESTS:-}" ]; then
-    read -r -a TEST_FILES <<< "$JAX_AR_GPU_TESTS"
-  else
-    TEST_FILES=(tests/test_gpu.py tests/test_all_reduce.py)
-    for f in tests/test_*rms_norm*.py tests/test_flax*.py; do [ -e "$f" ] && TEST_FILES+=("$f"); done
+  local suites="${JAX_AR_SMOKE_SUITES-fused sizes back_to_back replay_after_close timeout}"
+  local values="${JAX_AR_SMOKE_VALUES-values specials pytree}"
+  if [ -n "$suites" ]; then
+    step "smoke: gpu_worker $suites, 2 ranks" "$OUT/smoke.log" $(launcher 2) \
+      tests/workers/gpu_worker.py $suites
   fi
-  K_ARGS=()
-  [ -n "${JAX_AR_GPU_TESTS_K:-}" ] && K_ARGS=(-k "$JAX_AR_GPU_TESTS_K")
-  export JAX_AR_TEST_PLATFORM=gpu
-  step "pytest ${TEST_FILES[*]}" "$OUT/tests.log" \
-    "$PYTHON" -m pytest -q -rA --durations=0 -p no:cacheprovider "${K_ARGS[@]}" "${TEST_FILES[@]}"
-  grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/tests.log" | tail -40 >> "$SUMMARY"
-fi
+  if [ -n "$values" ]; then
+    step "smoke: all_reduce_worker $values, 2 ranks" "$OUT/smoke.log" $(launcher 2) \
+      tests/workers/all_reduce_worker.py $values
+  fi
+}
 
-if wants bench; then
+stage_tests() {
+  start_mps
+  local files k_args=()
+  if [ -n "${JAX_AR_GPU_TESTS:-}" ]; then
+    read -r -a files <<< "$JAX_AR_GPU_TESTS"
+  else
+    files=(tests/test_gpu.py tests/test_all_reduce.py)
+    for f in tests/test_*rms_norm*.py tests/test_flax*.py; do [ -e "$f" ] && files+=("$f"); done
+  fi
+  [ -n "${JAX_AR_GPU_TESTS_K:-}" ] && k_args=(-k "$JAX_AR_GPU_TESTS_K")
+  export JAX_AR_TEST_PLATFORM=gpu
+  step "pytest ${files[*]}" "$OUT/tests.log" \
+    "$PYTHON" -m pytest -q -rA --durations=0 -p no:cacheprovider "${k_args[@]}" "${files[@]}"
+  grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/tests.log" | tail -40 >> "$SUMMARY"
+}
+
+stage_bench() {
   start_mps
   export JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-60}"
-  CALLS="${JAX_AR_PER_CALL_CALLS:-500}"
-  for mode in on off; do
+  local mode calls="${JAX_AR_PER_CALL_CALLS:-500}"
+  for mode in ${JAX_AR_PER_CALL_MODES-on off}; do
     (
       [ "$mode" = off ] && export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
       step "per-call overhead, command buffers $mode" "$OUT/bench.log" $(launcher 2) \
-        benchmarks/per_call_overhead.py --calls "$CALLS"
+        benchmarks/per_call_overhead.py --calls "$calls"
     )
   done
-  grep -h "PER_CALL_RESULT" "$OUT/bench.log" | sed 's/^.*PER_CALL_RESULT //' > "$OUT/per_call.json"
-  grep -h "per call:" "$OUT/bench.log" | sed 's/^\[rank 0\] /      /' >> "$SUMMARY"
+  grep -h "PER_CALL_RESULT" "$OUT/bench.log" 2>/dev/null | sed 's/^.*PER_CALL_RESULT //' > "$OUT/per_call.json"
+  grep -h "per call:" "$OUT/bench.log" 2>/dev/null | sed 's/^\[rank 0\] /      /' >> "$SUMMARY"
   if [ -e benchmarks/rms_norm_bench.py ]; then
     step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py
     grep -hiE "TB/s|fused" "$OUT/bench.log" | tail -20 >> "$SUMMARY"
   fi
   if [ -e jax_ar/bench.py ]; then
-    BENCH_DIR="$(mktemp -d)"
+    local dir; dir="$(mktemp -d)"
     step "python -m jax_ar bench (2 ranks)" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -n 2 \
-      --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$BENCH_DIR" --no-plot
-    [ -e "$BENCH_DIR/bench.json" ] && cp "$BENCH_DIR/bench.json" "$OUT/jax_ar_bench.json"
+      --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir" --no-plot
+    [ -e "$dir/bench.json" ] && cp "$dir/bench.json" "$OUT/jax_ar_bench.json"
   fi
-fi
+}
+
+for stage in "${STAGES[@]}"; do
+  case "$stage" in
+    build|smoke|tests|bench) "stage_$stage" ;;
+    *) say "unknown stage $stage (stages: build smoke tests bench)" ;;
+  esac
+done
 
 stop_mps
 say "done after $(( $(date +%s) - START_S ))s"

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
+from jax_ar import _native
 from common import (DTYPES, assert_bitwise_equal, assert_equal_nan_aware, emulate_all_reduce,
                     global_array, local_shards, log, main_guard, random_values,
                     same_on_all_processes)
@@ -87,17 +88,18 @@ def suite_sizes(mesh):
 
 
 def suite_back_to_back(mesh):
-    """1,000 dependent calls in one jitted program (a fori_loop of 500
-    iterations, a one-shot and a two-shot call each), run twice: launch
-    numbers and buffer parity advance on the device, through CUDA-graph
-    replays when command buffers are on."""
+    """1,000 dependent calls in one jitted program (250 loop iterations of
+    two one-shot and two two-shot calls, enough commands per iteration for
+    XLA to record the body as a CUDA graph), run twice: launch numbers and
+    buffer parity advance on the device, through graph replays when command
+    buffers are on. Logs how often the handler ran in the second run (a
+    handful under graphs, 1,000 without)."""
     n = jax.device_count()
     comm = jax_ar.setup(mesh, "tp")
     rng = np.random.default_rng(SEED + 12)
     small = random_values(rng, (n * 8192,), ml_dtypes.bfloat16)   # 16 KB per rank
     large = random_values(rng, (n * 300_000,), np.float32)        # 1.2 MB per rank
-    iterations = 500
-
+    iterations, calls_per_iteration = 250, 2
     # Scaling by a power of two is exact, so the emulation below matches bit
     # for bit; 1/n keeps the values from growing geometrically.
     shrink = 1.0 / n if n & (n - 1) == 0 else 0.5
@@ -105,22 +107,26 @@ def suite_back_to_back(mesh):
     def body(a, b):
         def step(_, carry):
             ya, yb = carry
-            ya = jax_ar.all_reduce(ya * shrink + a, "tp", algorithm="oneshot")
-            yb = jax_ar.all_reduce(yb * shrink + b, "tp", algorithm="twoshot")
+            for _ in range(calls_per_iteration):
+                ya = jax_ar.all_reduce(ya * shrink + a, "tp", algorithm="oneshot")
+                yb = jax_ar.all_reduce(yb * shrink + b, "tp", algorithm="twoshot")
             return ya, yb
         return jax.lax.fori_loop(0, iterations, step, (jnp.zeros_like(a), jnp.zeros_like(b)))
 
     f = sharded_call(mesh, body, 2, 2, check_vma=False)
     args = [global_array(v, mesh, P("tp")) for v in (small, large)]
+    handler_calls = _native.backend_module("gpu").handler_calls
     for run in range(2):
+        before = handler_calls()
         start = time.perf_counter()
         ya, yb = f(*args)
         ya.block_until_ready()
-        log(f"back_to_back run {run}: {2 * iterations} calls in {time.perf_counter() - start:.3f} s")
+        log(f"back_to_back run {run}: {2 * iterations * calls_per_iteration} calls in "
+            f"{time.perf_counter() - start:.3f} s, handler ran {handler_calls() - before} times")
     for name, x, out in (("oneshot/bf16", small, ya), ("twoshot/f32", large, yb)):
         parts = np.split(x, n)
         y = np.zeros_like(parts[0])
-        for _ in range(iterations):
+        for _ in range(iterations * calls_per_iteration):
             y = emulate_all_reduce([(y.astype(np.float32) * shrink + p.astype(np.float32)).astype(x.dtype)
                                     for p in parts], "sum")
         for device, _, data in local_shards(out):
@@ -250,6 +256,9 @@ def suite_timeout(mesh):
     f = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp", algorithm="oneshot"),), 1, 1)
     out, = f(xs)
     check_exact("timeout/warmup", out, np.split(x, n))
+    # Compiled by every rank now: XLA's sharded autotuning makes a program
+    # that only some processes compile wait for the others forever.
+    g = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v * 2, "tp"),), 1, 1).lower(xs).compile()
 
     def expect_failure(where):
         try:
@@ -276,8 +285,8 @@ def suite_timeout(mesh):
         waited = call_that_fails()
         assert waited < timeout_s + 15, f"the call took {waited:.1f} s"
         expect_failure("skipped peer")
-        # A new program runs the handler, which refuses the broken communicator.
-        g = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v * 2, "tp"),), 1, 1)
+        # Another program records its command buffer now, so its handler runs
+        # and refuses the broken communicator.
         try:
             g(xs)[0].block_until_ready()
         except Exception as e:  # noqa: BLE001 - XLA wraps the handler's error
