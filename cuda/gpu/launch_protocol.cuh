@@ -208,6 +208,26 @@ __device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
   return true;
 }
 
+// LL slot of `sender` in rank `owner`'s data half `parity` (slot_bytes each).
+__device__ __forceinline__ LLPacket* PacketSlot(const ProtocolArgs& a, int owner, int parity,
+                                                uint64_t slot_bytes, int sender) {
+  return reinterpret_cast<LLPacket*>(DataHalf(a, owner, parity) + sender * slot_bytes);
+}
+
+// Sends 16 data bytes as LL packets `packet` and `packet + 1` of slot `rank`
+// in every peer's data half, starting with the next rank to spread the load.
+__device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity,
+                                               uint64_t slot_bytes, uint64_t packet, uint4 data,
+                                               uint32_t flag) {
+  const uint4 lo = make_uint4(data.x, flag, data.y, flag);
+  const uint4 hi = make_uint4(data.z, flag, data.w, flag);
+  for (int step = 1; step < a.world; ++step) {
+    LLPacket* dst = PacketSlot(a, (a.rank + step) % a.world, parity, slot_bytes, a.rank) + packet;
+    StoreVolatile16(dst, lo);
+    StoreVolatile16(dst + 1, hi);
+  }
+}
+
 // The 16 data bytes of LL packets p[0], p[1]; zeros and ok=false if the
 // wait is given up.
 __device__ __forceinline__ uint4 ReadPacketPair(const LLPacket* p, uint32_t flag, Waiter& waiter,
