@@ -41,7 +41,8 @@ void FillProtocolArgs(const RankState& state, ProtocolArgs& a) {
   a.record = state.record_device;
   a.token = state.token;
   a.timeout_ns = static_cast<uint64_t>(state.timeout_s * 1e9);
-  a.half_bytes = state.half_bytes();
+  a.ll_half_bytes = state.layout().ll_half;
+  a.plain_half_bytes = state.layout().plain_half;
   a.rank = state.rank;
   a.world = state.world;
 }
@@ -64,8 +65,9 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads) {
 }
 
 uint64_t SlotBytes(const RankState& state, Algorithm algorithm) {
-  const uint64_t slots = algorithm == Algorithm::kOneShot ? state.world : 2 * state.world;
-  return AlignDown(state.half_bytes() / slots);
+  const DataLayout layout = state.layout();
+  return algorithm == Algorithm::kOneShot ? AlignDown(layout.ll_half / state.world)
+                                          : AlignDown(layout.plain_half / (2 * state.world));
 }
 
 namespace {

@@ -14,7 +14,8 @@
 //           blocks depends only on sizes and world, so block b of every rank
 //           covers the same vectors.
 //
-// Reuse of the data halves: launch n writes half n % 2. A rank that starts
+// Reuse of the data halves: launch n writes half n % 2 of its region (LL for
+// one-shot, plain for two-shot; see layout.h). A rank that starts
 // launch n + 2 has received every peer's data of launch n + 1, so every
 // peer has finished launch n (kernels of a stream run in order) and no
 // longer reads that half.
@@ -33,7 +34,7 @@ namespace {
 
 __device__ __forceinline__ std::byte* TwoShotSlot(const LaunchArgs& a, int owner, int parity,
                                                   int phase, int sender) {
-  return DataHalf(a, owner, parity) + (phase * a.world + sender) * a.slot_bytes;
+  return PlainHalf(a, owner, parity) + (phase * a.world + sender) * a.slot_bytes;
 }
 
 __global__ void __launch_bounds__(kOneShotThreads) OneShotKernel(const __grid_constant__ LaunchArgs a) {

@@ -129,24 +129,29 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
   if (state == nullptr) return error;
   if (rows == 0) return ffi::Error::Success();
 
-  const Algorithm algo = static_cast<Algorithm>(algorithm);
   const int world = state->world;
   const uint64_t row_bytes = static_cast<uint64_t>(hidden) * element_bytes;
   const uint64_t out_row_bytes = static_cast<uint64_t>(hidden) * (quantize ? 1 : element_bytes);
-  const uint64_t half = state->half_bytes();
+  const DataLayout layout = state->layout();
   // Rows one launch carries. one-shot: LL packets double x's bytes in each
-  // sender's slot. two-shot: per sender and group row, x in phase 0 and both
-  // outputs in phase 1 (16 bytes of alignment slack per region).
-  int64_t rows_per_launch;
-  if (algo == Algorithm::kOneShot) {
-    rows_per_launch = static_cast<int64_t>(half / (static_cast<uint64_t>(world) * 2 * row_bytes));
-  } else {
-    const uint64_t per_sender = half / world;
+  // sender's slot of the LL half. two-shot: per sender and group row of the
+  // plain half, x in phase 0 and both outputs in phase 1 (16 bytes of
+  // alignment slack per region).
+  const auto rows_per_launch_of = [&](Algorithm a) -> int64_t {
+    if (a == Algorithm::kOneShot) {
+      return static_cast<int64_t>(layout.ll_half / (static_cast<uint64_t>(world) * 2 * row_bytes));
+    }
+    const uint64_t per_sender = layout.plain_half / world;
     const uint64_t slack = 3 * kAlign;
     const uint64_t group_rows =
         per_sender > slack ? (per_sender - slack) / (2 * row_bytes + out_row_bytes) : 0;
-    rows_per_launch = static_cast<int64_t>(group_rows) * world;
-  }
+    return static_cast<int64_t>(group_rows) * world;
+  };
+  Algorithm algo = static_cast<Algorithm>(algorithm);
+  // The LL region is a quarter of the data area: a row too long for it goes
+  // two-shot (decided from sizes alone, so every rank switches alike).
+  if (algo == Algorithm::kOneShot && rows_per_launch_of(algo) == 0) algo = Algorithm::kTwoShot;
+  const int64_t rows_per_launch = rows_per_launch_of(algo);
   if (rows_per_launch == 0) {
     return Invalid("one row of " + std::to_string(row_bytes) + " bytes does not fit the workspace (" +
                    std::to_string(state->workspace_bytes) + " bytes for " + std::to_string(world) +
@@ -175,7 +180,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     a.signature = HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows);
     int64_t blocks;
     if (algo == Algorithm::kOneShot) {
-      a.slot_bytes = AlignDown(half / world);
+      a.slot_bytes = AlignDown(layout.ll_half / world);
       blocks = (a.rows + rows_at_once - 1) / rows_at_once;
     } else {
       a.group_rows = (a.rows + world - 1) / world;

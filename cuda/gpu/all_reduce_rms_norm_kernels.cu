@@ -225,10 +225,11 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotRmsNormKernel(
   const int64_t lo = blockIdx.x * a.rows_per_block;
   const int64_t hi = min(lo + a.rows_per_block, a.group_rows);
   const auto phase0 = [&](int owner, int sender) {
-    return DataHalf(a, owner, parity) + sender * a.phase0_slot_bytes;
+    return PlainHalf(a, owner, parity) + sender * a.phase0_slot_bytes;
   };
   const auto phase1 = [&](int owner, int sender) {
-    return DataHalf(a, owner, parity) + a.world * a.phase0_slot_bytes + sender * a.phase1_slot_bytes;
+    return PlainHalf(a, owner, parity) + a.world * a.phase0_slot_bytes +
+           sender * a.phase1_slot_bytes;
   };
 
   // Phase 0: my x rows of group j go to rank j.

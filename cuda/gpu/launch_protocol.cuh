@@ -31,9 +31,13 @@ __device__ __forceinline__ PeerControl* ControlOf(std::byte* workspace) {
   return reinterpret_cast<PeerControl*>(workspace);
 }
 
-// Rank `owner`'s data half for launches of parity `parity`.
-__device__ __forceinline__ std::byte* DataHalf(const ProtocolArgs& a, int owner, int parity) {
-  return a.workspaces[owner] + kControlBytes + parity * a.half_bytes;
+// Rank `owner`'s LL half (one-shot launches) and plain half (two-shot) for
+// launches of parity `parity`.
+__device__ __forceinline__ std::byte* LLHalf(const ProtocolArgs& a, int owner, int parity) {
+  return a.workspaces[owner] + kControlBytes + parity * a.ll_half_bytes;
+}
+__device__ __forceinline__ std::byte* PlainHalf(const ProtocolArgs& a, int owner, int parity) {
+  return a.workspaces[owner] + kControlBytes + 2 * a.ll_half_bytes + parity * a.plain_half_bytes;
 }
 
 // Writes the failure record once (the host reads `kind` last-written-first).
@@ -208,14 +212,14 @@ __device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
   return true;
 }
 
-// LL slot of `sender` in rank `owner`'s data half `parity` (slot_bytes each).
+// LL slot of `sender` in rank `owner`'s LL half `parity` (slot_bytes each).
 __device__ __forceinline__ LLPacket* PacketSlot(const ProtocolArgs& a, int owner, int parity,
                                                 uint64_t slot_bytes, int sender) {
-  return reinterpret_cast<LLPacket*>(DataHalf(a, owner, parity) + sender * slot_bytes);
+  return reinterpret_cast<LLPacket*>(LLHalf(a, owner, parity) + sender * slot_bytes);
 }
 
 // Sends 16 data bytes as LL packets `packet` and `packet + 1` of slot `rank`
-// in every peer's data half, starting with the next rank to spread the load.
+// in every peer's LL half, starting with the next rank to spread the load.
 __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity,
                                                uint64_t slot_bytes, uint64_t packet, uint4 data,
                                                uint32_t flag) {

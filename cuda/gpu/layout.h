@@ -6,11 +6,18 @@
 // A workspace (one per rank, cudaMalloc'd, peers map it through CUDA IPC or
 // peer access):
 //
-//   [0, kControlBytes)          PeerControl: what peers write to this rank
-//                               (call headers, two-shot flags, the P2P
-//                               probe, the abort word)
-//   [kControlBytes, end)        two data halves; a launch uses the half of
-//                               its launch number's parity
+//   [0, kControlBytes)   PeerControl: what peers write to this rank (call
+//                        headers, two-shot flags, the P2P probe, the abort
+//                        word)
+//   LL region            two halves (a quarter of the data area) for LL
+//                        packets: one-shot launches
+//   plain region         two halves (the rest) for plain data behind flags:
+//                        two-shot launches
+//
+// A launch uses the half of its launch number's parity in its region. The
+// regions never overlap: plain data left by a two-shot launch could hold,
+// by chance, the flag words a later LL launch waits for, and would be read
+// as fresh packets.
 //
 // Per-launch counters do not live in the workspace but in LocalControl, in a
 // table of the module's own device memory that is never freed: a kernel
@@ -46,6 +53,17 @@ inline constexpr int kMaxSegmentsPerLaunch = 48;
 
 // Communicators that may be registered on one device at a time.
 inline constexpr int kMaxLiveSlots = 64;
+
+struct DataLayout {
+  uint64_t ll_half;     // bytes of one LL half
+  uint64_t plain_half;  // bytes of one plain half
+};
+
+inline constexpr DataLayout LayoutOf(uint64_t workspace_bytes) {
+  const uint64_t data = workspace_bytes - kControlBytes;
+  const uint64_t ll_half = AlignDown(data / 8);
+  return {ll_half, AlignDown((data - 2 * ll_half) / 2)};
+}
 
 // LL ("low latency") packet: 8 bytes of data, each 4-byte word stored next to
 // a copy of the launch's flag, written with one 16-byte store. A reader that
@@ -140,7 +158,8 @@ struct ProtocolArgs {
   uint64_t token;                    // must equal local->token, else the launch is stale
   uint64_t timeout_ns;
   uint64_t signature;   // this launch's call signature, compared with every peer's
-  uint64_t half_bytes;  // bytes of one data half of a workspace
+  uint64_t ll_half_bytes;     // LayoutOf(workspace bytes)
+  uint64_t plain_half_bytes;
   int32_t rank;
   int32_t world;
 };

@@ -76,7 +76,7 @@ struct RankState {
 
   std::shared_ptr<CommResources> resources;
 
-  size_t half_bytes() const { return AlignDown((workspace_bytes - kControlBytes) / 2); }
+  DataLayout layout() const { return LayoutOf(workspace_bytes); }
 
   // The failure message of this rank, or "" while it is healthy.
   std::string Failure() const;
