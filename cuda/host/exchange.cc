@@ -238,6 +238,47 @@ class Round {
     return ffi::Error::Success();
   }
 
+  // Either half of two-shot alone, on bytes [offset, offset + bytes) of
+  // every chunk (RunChunkCollective); one phase, one slot per sender.
+  ffi::Error ReduceScatterChunks(size_t chunk_bytes, size_t offset, size_t bytes) {
+    const int world = state_.world;
+    const int rank = state_.rank;
+    const Segment& s = message_.segments[0];
+    for (int i = 1; i <= world; ++i) {  // my part of chunk j goes to rank j
+      const int peer = (rank + i) % world;
+      std::memcpy(Slot(state_, peer, epoch_, Algorithm::kOneShot, 0, rank),
+                  s.in + peer * chunk_bytes + offset, bytes);
+      Deliver(peer, 0);
+    }
+    const std::byte* sources[kMaxRanks];
+    for (int sender = 0; sender < world; ++sender) {
+      if (auto error = WaitFor(sender, 0); error.failure()) return error;
+      sources[sender] = Slot(state_, rank, epoch_, Algorithm::kOneShot, 0, sender);
+    }
+    DispatchDtype(s.dtype, [&](auto traits) {
+      ReduceElements<decltype(traits)>(message_.op, world, sources, 0, s.out + offset,
+                                       bytes / DtypeBytes(s.dtype));
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error AllGatherChunks(size_t chunk_bytes, size_t offset, size_t bytes) {
+    const int world = state_.world;
+    const int rank = state_.rank;
+    const Segment& s = message_.segments[0];
+    for (int i = 1; i <= world; ++i) {  // my chunk goes to every rank
+      const int peer = (rank + i) % world;
+      std::memcpy(Slot(state_, peer, epoch_, Algorithm::kOneShot, 0, rank), s.in + offset, bytes);
+      Deliver(peer, 0);
+    }
+    for (int sender = 0; sender < world; ++sender) {
+      if (auto error = WaitFor(sender, 0); error.failure()) return error;
+      std::memcpy(s.out + sender * chunk_bytes + offset,
+                  Slot(state_, rank, epoch_, Algorithm::kOneShot, 0, sender), bytes);
+    }
+    return ffi::Error::Success();
+  }
+
  private:
   // Publishes this rank's data for `phase` to `peer`: header, then the flag
   // with release order so the peer that sees the flag sees the data.
@@ -300,12 +341,15 @@ class Round {
 
 }  // namespace
 
-Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, int world)
+Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, int world,
+                 const char* operation)
     : segments(std::move(segs)), op(op_), algorithm(algorithm_) {
-  uint64_t hash = HashMix(kFnvOffset, static_cast<uint64_t>(op));
+  uint64_t hash = kFnvOffset;
+  for (const char* c = operation; *c != '\0'; ++c) hash = HashMix(hash, static_cast<uint8_t>(*c));
+  hash = HashMix(hash, static_cast<uint64_t>(op));
   hash = HashMix(hash, static_cast<uint64_t>(algorithm));
   hash = HashMix(hash, static_cast<uint64_t>(world));
-  description = std::string(OpName(op)) + " " + AlgorithmName(algorithm) + " of";
+  description = std::string(operation) + " " + OpName(op) + " " + AlgorithmName(algorithm) + " of";
   for (Segment& s : segments) {
     s.packed_offset = packed_bytes;
     packed_bytes += AlignUp(s.bytes);
@@ -336,6 +380,33 @@ ffi::Error RunAllReduce(RankState& state, const Message& message) {
     Round round(state, message, begin, end, r, rounds);
     ffi::Error error =
         message.algorithm == Algorithm::kOneShot ? round.OneShot() : round.TwoShot();
+    if (error.failure()) return error;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,
+                              size_t chunk_bytes) {
+  // The same entry checks as RunAllReduce: a failed communicator fails at
+  // once; one call at a time per rank; subnormals kept.
+  if (std::string failure = state.Failure(); !failure.empty()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_ar: this communicator failed earlier and cannot be used: " + failure);
+  }
+  std::lock_guard<std::mutex> lock(state.call_mutex);
+  KeepSubnormals keep_subnormals;
+  // One sender's slot bounds what a round carries of each chunk.
+  const size_t slot = SlotBytes(state, Algorithm::kOneShot);
+  if (slot == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
+  const uint32_t rounds =
+      static_cast<uint32_t>(std::max<size_t>(1, (chunk_bytes + slot - 1) / slot));
+  for (uint32_t r = 0; r < rounds; ++r) {
+    const size_t offset = std::min(chunk_bytes, static_cast<size_t>(r) * slot);
+    const size_t bytes = std::min(slot, chunk_bytes - offset);
+    Round round(state, message, offset, offset + bytes, r, rounds);
+    ffi::Error error = half == ChunkHalf::kReduceScatter
+                           ? round.ReduceScatterChunks(chunk_bytes, offset, bytes)
+                           : round.AllGatherChunks(chunk_bytes, offset, bytes);
     if (error.failure()) return error;
   }
   return ffi::Error::Success();

@@ -34,21 +34,35 @@ struct Segment {
   size_t packed_offset = 0;
 };
 
+// `operation` names the public call the exchange serves ("all_reduce",
+// "all_reduce_rms_norm", ...); it is part of the signature, so ranks making
+// different calls with equal operands get an error, not each other's data.
 struct Message {
-  Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world);
+  Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world,
+          const char* operation = "all_reduce");
 
   std::vector<Segment> segments;
   ReduceOp op;
   Algorithm algorithm;
   size_t packed_bytes = 0;
   uint64_t signature = 0;
-  std::string description;
+  std::string description;  // "all_reduce sum oneshot of float32[4]"
 };
 
 // Runs the whole call for this rank. A failure (a peer that never arrives, a
 // peer in a different call) is recorded in `state`, so every later call of
 // the communicator fails at once with the same message.
 ffi::Error RunAllReduce(RankState& state, const Message& message);
+
+// Either half of two-shot on its own, for a message of one segment split
+// into `world` chunks of `chunk_bytes` each (not necessarily 16-byte
+// multiples). Reduce-scatter: the segment's input holds every chunk (chunk
+// j at j * chunk_bytes) and its output receives this rank's chunk reduced
+// over all ranks in rank order. All-gather: the input is this rank's chunk
+// and the output holds every rank's, in rank order. Failures as above.
+enum class ChunkHalf { kReduceScatter, kAllGather };
+ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,
+                              size_t chunk_bytes);
 
 // Builds the segments of a handler's operands; checks dtypes and sizes.
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
