@@ -39,6 +39,11 @@ __device__ __forceinline__ std::byte* LLHalf(const ProtocolArgs& a, int owner, i
 __device__ __forceinline__ std::byte* PlainHalf(const ProtocolArgs& a, int owner, int parity) {
   return a.workspaces[owner] + kControlBytes + 2 * a.ll_half_bytes + parity * a.plain_half_bytes;
 }
+// The name plain-data protocols outside this file were written against
+// (reduce_scatter / all_gather on the axes-gpu branch): the plain region.
+__device__ __forceinline__ std::byte* DataHalf(const ProtocolArgs& a, int owner, int parity) {
+  return PlainHalf(a, owner, parity);
+}
 
 // Writes the failure record once (the host reads `kind` last-written-first).
 __device__ inline void ReportFailure(const ProtocolArgs& a, uint32_t code, uint64_t launch) {
