@@ -27,6 +27,7 @@
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
 #include "gpu/rank_state.h"
+#include "gpu/rms_norm.h"
 
 namespace nb = nanobind;
 
@@ -373,6 +374,8 @@ NB_MODULE(_jax_ar_cuda, m) {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
     targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
+    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
+    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
     return targets;
   });
 
