@@ -30,7 +30,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
-__all__ = ["after", "after_previous_call", "record_call"]
+__all__ = ["after", "ffi_call_in_order"]
 
 _local = threading.local()
 
@@ -46,6 +46,14 @@ def _links(ctx) -> dict:
 
 def _on_cpu(ctx) -> bool:
     return tuple(ctx.module_context.platforms) == ("cpu",)
+
+
+def ffi_call_in_order(ctx, target, operands, **attributes):
+    """The lowering of a jax_ar custom call `target`: on CPU, chained after
+    the previous jax_ar call of the current block (see above)."""
+    outs = jax.ffi.ffi_lowering(target)(ctx, *after_previous_call(ctx, operands), **attributes)
+    record_call(ctx, outs[0])
+    return outs
 
 
 def after_previous_call(ctx, operands):

@@ -52,11 +52,8 @@ all_gather_p.def_impl(_impl)
 
 
 def _lowering(ctx, x, *, axis_name, comm_id, world_size, vma, invariant):
-    rule = jax.ffi.ffi_lowering("jax_ar_all_gather")
-    (x,) = _call_order.after_previous_call(ctx, [x])  # CPU: keep calls in program order
-    outs = rule(ctx, x, comm_id=np.int64(comm_id))
-    _call_order.record_call(ctx, outs[0])
-    return outs
+    return _call_order.ffi_call_in_order(  # CPU: keeps calls in program order
+        ctx, "jax_ar_all_gather", [x], comm_id=np.int64(comm_id))
 
 
 # Not cacheable: each call must be lowered in place to be chained (_call_order.py).
@@ -80,7 +77,15 @@ def _transpose(ct, x, *, axis_name, comm_id, world_size, vma, invariant):
                                   world_size=world_size, vma=vma),)
 
 
-ad.deflinear2(all_gather_p, _transpose)
+ad.primitive_transposes[all_gather_p] = _transpose
+
+
+def _jvp(primals, tangents, **params):
+    (x,), (t,) = primals, tangents  # linear: the tangent goes the same way
+    return all_gather_p.bind(x, **params), all_gather_p.bind(ad.instantiate_zeros(t), **params)
+
+
+ad.primitive_jvps[all_gather_p] = _jvp
 
 
 def _batch(args, dims, **params):

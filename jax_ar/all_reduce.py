@@ -41,12 +41,9 @@ all_reduce_p.def_impl(_impl)
 
 
 def _lowering(ctx, *args, axes, op, algorithm, comm_id, world_size, vma):
-    rule = jax.ffi.ffi_lowering("jax_ar_all_reduce")
-    args = _call_order.after_previous_call(ctx, args)  # CPU: keep calls in program order
-    outs = rule(ctx, *args, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]),
-                algorithm=np.int32(ALGORITHM_CODES[algorithm]))
-    _call_order.record_call(ctx, outs[0])
-    return outs
+    return _call_order.ffi_call_in_order(  # CPU: keeps calls in program order
+        ctx, "jax_ar_all_reduce", args, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]),
+        algorithm=np.int32(ALGORITHM_CODES[algorithm]))
 
 
 # Not cacheable: each call must be lowered in place to be chained (_call_order.py).

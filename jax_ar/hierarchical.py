@@ -3,7 +3,8 @@
 jax_ar.all_reduce(x, ("node", "local")) lands here. One of the axes (the
 "inner" one) has a communicator that serves calls, which means each of its
 groups lies within one host; the others ("outer") are left to XLA's own
-collectives (NCCL between GPU hosts, gloo between CPU processes). Two plans:
+collectives (NCCL between GPU hosts, gloo between CPU processes). Leaves of
+one dtype travel as one flat message, through one of two plans:
 
   allreduce_psum        (a) jax_ar all-reduce over the inner axis, then psum
                             of the whole message over the outer axes;
@@ -15,18 +16,11 @@ collectives (NCCL between GPU hosts, gloo between CPU processes). Two plans:
 
 algorithm="auto" picks the plan with the lower predicted time
 (`predict_plans_us`); "oneshot" is plan (a) with the one-shot kernel inside,
-"twoshot" is plan (b), "psum" is psum over every axis.
-
-What is guaranteed bit for bit (docs/multi_host.md says more): inside a
-host every kernel reduces in rank order, so the host sum h_k is the same on
-all ranks of host k and the same in both plans. In plan (b) every element
-of the result is reduced across hosts exactly once, by one psum group, and
-then copied, so all ranks hold the same bits as long as psum gives its own
-group members the same bits. Plan (a) runs one psum group per inner rank on
-identical inputs, so it additionally needs psum to be deterministic. The
-two plans agree with each other bit for bit when the cross-host reduction
-does not depend on order: two hosts (a + b == b + a), integer sums, max and
-min; with more hosts psum's order (XLA's, NCCL's) decides the last bit.
+"twoshot" is plan (b), "psum" is psum over every axis. docs/multi_host.md
+says what is bitwise identical where: in short, every rank gets the same
+bits (plan (b) reduces each element across hosts once and copies it), and
+the two plans agree bit for bit when the cross-host step does not depend on
+order (two hosts, integers, max/min).
 """
 from __future__ import annotations
 
@@ -37,7 +31,7 @@ import jax.numpy as jnp
 
 from . import _call_order, _compat, config, selection
 from .all_gather import gather_rows
-from .all_reduce import _as_varying, _psum_like, _reduce_leaves
+from .all_reduce import _as_varying, _empty_result, _psum_like, _reduce_leaves
 from .communicator import find_communicator
 from .reduce_scatter import scatter_rows
 
@@ -141,8 +135,8 @@ def _join_by_dtype(leaves, out, axes, op):
     appearance. Empty leaves get their (empty) result in `out` right away."""
     by_dtype: dict = {}
     for i, leaf in enumerate(leaves):
-        if leaf.size == 0:  # nothing to exchange; psum keeps the type right
-            out[i] = _psum_like(leaf, axes, op)
+        if leaf.size == 0:  # nothing to exchange
+            out[i] = _empty_result(leaf, axes, op)
         else:
             by_dtype.setdefault(np.dtype(leaf.dtype), []).append(i)
     return [(members, jnp.concatenate([leaves[i].reshape(-1) for i in members]))

@@ -46,11 +46,8 @@ reduce_scatter_p.def_impl(_impl)
 
 
 def _lowering(ctx, x, *, axis_name, op, comm_id, world_size, vma):
-    rule = jax.ffi.ffi_lowering("jax_ar_reduce_scatter")
-    (x,) = _call_order.after_previous_call(ctx, [x])  # CPU: keep calls in program order
-    outs = rule(ctx, x, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]))
-    _call_order.record_call(ctx, outs[0])
-    return outs
+    return _call_order.ffi_call_in_order(  # CPU: keeps calls in program order
+        ctx, "jax_ar_reduce_scatter", [x], comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]))
 
 
 # Not cacheable: each call must be lowered in place to be chained (_call_order.py).
