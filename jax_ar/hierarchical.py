@@ -47,32 +47,39 @@ _ACROSS_GPU_LATENCY_US = 25.0
 _ACROSS_GPU_BUS_BYTES_PER_US = 45e3
 
 
-def _across_us(platform: str, hosts: int, nbytes: int) -> float:
+def _across_us(platform: str, device_kind, hosts: int, nbytes: int) -> float:
     if hosts <= 1:
         return 0.0
     if platform == "gpu":
         moved = 2 * (hosts - 1) / hosts * nbytes  # a ring all-reduce's traffic per rank
         return _ACROSS_GPU_LATENCY_US + moved / _ACROSS_GPU_BUS_BYTES_PER_US
-    return selection.predict_us(platform, hosts, "psum", nbytes)
+    table = selection.table_for(platform, device_kind, hosts)
+    return selection.predict_us(table, "psum", nbytes)
 
 
-def _half_us(platform: str, world: int, nbytes: int) -> float:
+def _half_us(table, nbytes: int, capacity) -> float:
     """A reduce-scatter or an all-gather alone: half of two-shot's traffic;
     most of its latency, since each is a launch and a full handshake."""
-    latency = selection.predict_us(platform, world, "twoshot", 0)
-    traffic = selection.predict_us(platform, world, "twoshot", nbytes) - latency
+    latency = selection.predict_us(table, "twoshot", 0)
+    traffic = selection.predict_us(table, "twoshot", nbytes, capacity) - latency
     return 0.75 * latency + 0.5 * traffic
 
 
-def predict_plans_us(platform: str, inner: int, outer: int, nbytes: int) -> dict[str, float]:
+def predict_plans_us(platform: str, inner: int, outer: int, nbytes: int, *,
+                     device_kind: str | None = None, capacity_bytes=None) -> dict[str, float]:
     """Predicted time of each plan for `nbytes` over `inner` ranks in a host
-    and `outer` hosts (the product of the outer axes' sizes)."""
-    inside = min(selection.predict_us(platform, inner, a, nbytes) for a in ("oneshot", "twoshot"))
+    and `outer` hosts (the product of the outer axes' sizes);
+    `capacity_bytes(algorithm)` is what one round of the inner
+    communicator's workspace carries (Communicator.capacity_bytes)."""
+    table = selection.table_for(platform, device_kind, inner)
+    capacity = capacity_bytes or (lambda algorithm: None)
+    inside = min(selection.predict_us(table, a, nbytes, capacity(a))
+                 for a in ("oneshot", "twoshot"))
     share = -(-nbytes // inner)
     return {
-        "allreduce_psum": inside + _across_us(platform, outer, nbytes),
-        "scatter_psum_gather": 2 * _half_us(platform, inner, nbytes)
-                               + _across_us(platform, outer, share),
+        "allreduce_psum": inside + _across_us(platform, device_kind, outer, nbytes),
+        "scatter_psum_gather": 2 * _half_us(table, nbytes, capacity("twoshot"))
+                               + _across_us(platform, device_kind, outer, share),
     }
 
 
@@ -95,7 +102,9 @@ def all_reduce_over_axes(leaves, axes, op, algorithm) -> list:
         plan, inner_algorithm = "scatter_psum_gather", None
     else:
         nbytes = sum(v.size * v.dtype.itemsize for v in leaves)
-        predictions = predict_plans_us(comm.platform, comm.world_size, hosts, nbytes)
+        predictions = predict_plans_us(comm.platform, comm.world_size, hosts, nbytes,
+                                       device_kind=comm.groups[0][0].device_kind,
+                                       capacity_bytes=comm.capacity_bytes)
         plan = min(PLANS, key=lambda p: predictions[p])
         inner_algorithm = "auto"
         config.log_once(

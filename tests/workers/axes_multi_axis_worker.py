@@ -226,6 +226,8 @@ def suite_pytree(mesh, per_host):
     leaves = [("float32", (3, 5)), ("bfloat16", (17,)), ("float32", (2,)), ("int32", (4, 2)),
               ("float16", (9,)), ("float32", (0,))]
     parts = [[random_values(rng, shape, DTYPES[dt]) for dt, shape in leaves] for _ in range(n)]
+    per_leaf = [[p[i] for p in parts] for i in range(len(leaves))]
+    cases = {}
     for algorithm in ("oneshot", "twoshot"):
         for op in ("sum", "max"):
             def fn(*xs, a=algorithm, o=op):
@@ -233,14 +235,14 @@ def suite_pytree(mesh, per_host):
                 out = jax_ar.all_reduce(tree, AXES, op=o, algorithm=a)
                 assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
                 return jax.tree_util.tree_leaves(out)
-            for i in range(len(leaves)):
-                per_leaf = [p[i] for p in parts]
-                cases = {"leaf": (lambda *xs, i=i, fn=fn: fn(*xs)[i],
-                                  [[p[j] for p in parts] for j in range(len(leaves))])}
-                got = run_cases(mesh, cases)["leaf"]
-                want = hierarchical_reference(per_leaf, L, op)
-                for r, g in got.items():
-                    assert_bitwise_equal(g, want, f"pytree {algorithm}/{op} leaf {i} rank {r}")
+            for i in range(len(leaves)):  # one case per leaf: run_cases wants one array
+                cases[f"{algorithm}/{op}/leaf {i}"] = (lambda *xs, i=i, fn=fn: fn(*xs)[i],
+                                                       per_leaf)
+    for name, per_rank in run_cases(mesh, cases).items():
+        op, i = name.split("/")[1], int(name.split(" ")[-1])
+        want = hierarchical_reference(per_leaf[i], L, op)
+        for r, got in per_rank.items():
+            assert_bitwise_equal(got, want, f"pytree {name} rank {r}")
     log("pytree: ok")
 
 
