@@ -167,28 +167,119 @@ void ReduceRange(const Message& message, int world, size_t begin, size_t end,
   });
 }
 
-// One instance of the protocol for this rank: a fresh epoch, this rank's call
-// header, and the flag handshake with every peer. The collectives below are
-// built from its Deliver/WaitFor steps.
-class ProtocolRound {
+class Round {
  public:
-  ProtocolRound(RankState& state, const CallIdentity& call, uint32_t index, uint32_t count)
-      : state_(state), call_(call) {
+  Round(RankState& state, const Message& message, size_t begin, size_t end, uint32_t index,
+        uint32_t count)
+      : state_(state), message_(message), begin_(begin), end_(end) {
     epoch_ = ++state.control(state.rank).epoch;
     header_.epoch = epoch_;
-    header_.signature = call.signature;
-    header_.packed_bytes = call.packed_bytes;
+    header_.signature = message.signature;
+    header_.packed_bytes = message.packed_bytes;
     header_.round = index;
     header_.rounds = count;
     std::snprintf(header_.description, sizeof(header_.description), "%s",
-                  call.description.c_str());
+                  message.description.c_str());
   }
 
- protected:
-  std::byte* SlotOf(int owner, Algorithm layout, int phase, int sender) const {
-    return Slot(state_, owner, epoch_, layout, phase, sender);
+  ffi::Error OneShot() {
+    const int world = state_.world;
+    for (int i = 1; i <= world; ++i) {  // start with the next rank to spread the load
+      const int peer = (state_.rank + i) % world;
+      GatherInputs(message_, begin_, end_,
+                   Slot(state_, peer, epoch_, Algorithm::kOneShot, 0, state_.rank));
+      Deliver(peer, /*phase=*/0);
+    }
+    const std::byte* sources[kMaxRanks];
+    for (int s = 0; s < world; ++s) {
+      if (auto error = WaitFor(s, /*phase=*/0); error.failure()) return error;
+      sources[s] = Slot(state_, state_.rank, epoch_, Algorithm::kOneShot, 0, s);
+    }
+    ReduceRange(message_, world, begin_, end_, sources, nullptr);
+    return ffi::Error::Success();
   }
 
+  ffi::Error TwoShot() {
+    const int world = state_.world;
+    const int rank = state_.rank;
+    const size_t chunk = AlignUp((end_ - begin_ + world - 1) / world);
+    auto chunk_begin = [&](int j) { return std::min(end_, begin_ + j * chunk); };
+    auto chunk_end = [&](int j) { return std::min(end_, begin_ + (j + 1) * chunk); };
+
+    // Reduce-scatter: my j-th chunk goes to rank j.
+    for (int i = 1; i <= world; ++i) {
+      const int peer = (rank + i) % world;
+      GatherInputs(message_, chunk_begin(peer), chunk_end(peer),
+                   Slot(state_, peer, epoch_, Algorithm::kTwoShot, 0, rank));
+      Deliver(peer, 0);
+    }
+    const std::byte* sources[kMaxRanks];
+    for (int s = 0; s < world; ++s) {
+      if (auto error = WaitFor(s, 0); error.failure()) return error;
+      sources[s] = Slot(state_, rank, epoch_, Algorithm::kTwoShot, 0, s);
+    }
+    std::byte* reduced = Slot(state_, rank, epoch_, Algorithm::kTwoShot, 1, rank);
+    ReduceRange(message_, world, chunk_begin(rank), chunk_end(rank), sources, reduced);
+
+    // All-gather: my reduced chunk goes to every peer's slot `rank`.
+    const size_t my_bytes = chunk_end(rank) - chunk_begin(rank);
+    for (int i = 1; i <= world; ++i) {
+      const int peer = (rank + i) % world;
+      if (peer != rank) {
+        std::memcpy(Slot(state_, peer, epoch_, Algorithm::kTwoShot, 1, rank), reduced, my_bytes);
+      }
+      Deliver(peer, 1);
+    }
+    for (int s = 0; s < world; ++s) {
+      if (auto error = WaitFor(s, 1); error.failure()) return error;
+      ScatterOutputs(message_, chunk_begin(s), chunk_end(s),
+                     Slot(state_, rank, epoch_, Algorithm::kTwoShot, 1, s));
+    }
+    return ffi::Error::Success();
+  }
+
+  // Either half of two-shot alone, on bytes [offset, offset + bytes) of
+  // every chunk (RunChunkCollective); one phase, one slot per sender.
+  ffi::Error ReduceScatterChunks(size_t chunk_bytes, size_t offset, size_t bytes) {
+    const int world = state_.world;
+    const int rank = state_.rank;
+    const Segment& s = message_.segments[0];
+    for (int i = 1; i <= world; ++i) {  // my part of chunk j goes to rank j
+      const int peer = (rank + i) % world;
+      std::memcpy(Slot(state_, peer, epoch_, Algorithm::kOneShot, 0, rank),
+                  s.in + peer * chunk_bytes + offset, bytes);
+      Deliver(peer, 0);
+    }
+    const std::byte* sources[kMaxRanks];
+    for (int sender = 0; sender < world; ++sender) {
+      if (auto error = WaitFor(sender, 0); error.failure()) return error;
+      sources[sender] = Slot(state_, rank, epoch_, Algorithm::kOneShot, 0, sender);
+    }
+    DispatchDtype(s.dtype, [&](auto traits) {
+      ReduceElements<decltype(traits)>(message_.op, world, sources, 0, s.out + offset,
+                                       bytes / DtypeBytes(s.dtype));
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error AllGatherChunks(size_t chunk_bytes, size_t offset, size_t bytes) {
+    const int world = state_.world;
+    const int rank = state_.rank;
+    const Segment& s = message_.segments[0];
+    for (int i = 1; i <= world; ++i) {  // my chunk goes to every rank
+      const int peer = (rank + i) % world;
+      std::memcpy(Slot(state_, peer, epoch_, Algorithm::kOneShot, 0, rank), s.in + offset, bytes);
+      Deliver(peer, 0);
+    }
+    for (int sender = 0; sender < world; ++sender) {
+      if (auto error = WaitFor(sender, 0); error.failure()) return error;
+      std::memcpy(s.out + sender * chunk_bytes + offset,
+                  Slot(state_, rank, epoch_, Algorithm::kOneShot, 0, sender), bytes);
+    }
+    return ffi::Error::Success();
+  }
+
+ private:
   // Publishes this rank's data for `phase` to `peer`: header, then the flag
   // with release order so the peer that sees the flag sees the data.
   void Deliver(int peer, int phase) {
@@ -207,13 +298,13 @@ class ProtocolRound {
       if (Clock::now() > deadline) {
         char text[512];
         std::snprintf(text, sizeof(text),
-                      "rank %d of %s timed out after %.1f s waiting for rank %d in %s "
+                      "rank %d of %s timed out after %.1f s waiting for rank %d in all_reduce "
                       "(%s, call %llu). Rank %d never reached this call: it may have crashed, "
                       "skipped the call, or be stuck. The communicator is unusable until "
                       "close() and a new setup().",
                       state_.rank, state_.label.c_str(), state_.timeout_s, sender,
-                      CollectiveName(call_.collective), call_.description.c_str(),
-                      static_cast<unsigned long long>(epoch_), sender);
+                      message_.description.c_str(), static_cast<unsigned long long>(epoch_),
+                      sender);
         return Fail(ffi::ErrorCode::kDeadlineExceeded, text);
       }
       backoff.Pause();
@@ -224,13 +315,12 @@ class ProtocolRound {
           theirs.rounds != header_.rounds || theirs.packed_bytes != header_.packed_bytes) {
         char text[512];
         std::snprintf(text, sizeof(text),
-                      "ranks disagree on %s %s of %s: rank %d called it with %s, "
+                      "ranks disagree on an all_reduce of %s: rank %d called it with %s, "
                       "rank %d with %s. Every rank must make the same calls with the same "
                       "shapes, dtypes, op and algorithm. The communicator is unusable until "
                       "close() and a new setup().",
-                      call_.collective == Collective::kReduceScatter ? "a" : "an",
-                      CollectiveName(call_.collective), state_.label.c_str(), state_.rank,
-                      header_.description, sender, theirs.description);
+                      state_.label.c_str(), state_.rank, header_.description, sender,
+                      theirs.description);
         return Fail(ffi::ErrorCode::kFailedPrecondition, text);
       }
     }
@@ -243,156 +333,23 @@ class ProtocolRound {
   }
 
   RankState& state_;
-  const CallIdentity& call_;
+  const Message& message_;
+  size_t begin_, end_;
   uint64_t epoch_ = 0;
   CallHeader header_{};
 };
 
-// One round of an all-reduce: the packed range [begin, end) of the message.
-class AllReduceRound : public ProtocolRound {
- public:
-  AllReduceRound(RankState& state, const Message& message, size_t begin, size_t end,
-                 uint32_t index, uint32_t count)
-      : ProtocolRound(state, message, index, count), message_(message), begin_(begin), end_(end) {}
-
-  ffi::Error OneShot() {
-    const int world = state_.world;
-    for (int i = 1; i <= world; ++i) {  // start with the next rank to spread the load
-      const int peer = (state_.rank + i) % world;
-      GatherInputs(message_, begin_, end_, SlotOf(peer, Algorithm::kOneShot, 0, state_.rank));
-      Deliver(peer, /*phase=*/0);
-    }
-    const std::byte* sources[kMaxRanks];
-    for (int s = 0; s < world; ++s) {
-      if (auto error = WaitFor(s, /*phase=*/0); error.failure()) return error;
-      sources[s] = SlotOf(state_.rank, Algorithm::kOneShot, 0, s);
-    }
-    ReduceRange(message_, world, begin_, end_, sources, nullptr);
-    return ffi::Error::Success();
-  }
-
-  ffi::Error TwoShot() {
-    const int world = state_.world;
-    const int rank = state_.rank;
-    const size_t chunk = AlignUp((end_ - begin_ + world - 1) / world);
-    auto chunk_begin = [&](int j) { return std::min(end_, begin_ + j * chunk); };
-    auto chunk_end = [&](int j) { return std::min(end_, begin_ + (j + 1) * chunk); };
-
-    // Reduce-scatter: my j-th chunk goes to rank j.
-    for (int i = 1; i <= world; ++i) {
-      const int peer = (rank + i) % world;
-      GatherInputs(message_, chunk_begin(peer), chunk_end(peer),
-                   SlotOf(peer, Algorithm::kTwoShot, 0, rank));
-      Deliver(peer, 0);
-    }
-    const std::byte* sources[kMaxRanks];
-    for (int s = 0; s < world; ++s) {
-      if (auto error = WaitFor(s, 0); error.failure()) return error;
-      sources[s] = SlotOf(rank, Algorithm::kTwoShot, 0, s);
-    }
-    std::byte* reduced = SlotOf(rank, Algorithm::kTwoShot, 1, rank);
-    ReduceRange(message_, world, chunk_begin(rank), chunk_end(rank), sources, reduced);
-
-    // All-gather: my reduced chunk goes to every peer's slot `rank`.
-    const size_t my_bytes = chunk_end(rank) - chunk_begin(rank);
-    for (int i = 1; i <= world; ++i) {
-      const int peer = (rank + i) % world;
-      if (peer != rank) {
-        std::memcpy(SlotOf(peer, Algorithm::kTwoShot, 1, rank), reduced, my_bytes);
-      }
-      Deliver(peer, 1);
-    }
-    for (int s = 0; s < world; ++s) {
-      if (auto error = WaitFor(s, 1); error.failure()) return error;
-      ScatterOutputs(message_, chunk_begin(s), chunk_end(s),
-                     SlotOf(rank, Algorithm::kTwoShot, 1, s));
-    }
-    return ffi::Error::Success();
-  }
-
- private:
-  const Message& message_;
-  size_t begin_, end_;
-};
-
-// One round of a reduce-scatter or all-gather: bytes [offset, offset + bytes)
-// of every rank's chunk. Both use a single phase with the one-shot slot
-// layout (one slot per sender in each half of the workspace).
-class ChunkRound : public ProtocolRound {
- public:
-  ChunkRound(RankState& state, const ChunkCall& call, size_t offset, size_t bytes,
-             uint32_t index, uint32_t count)
-      : ProtocolRound(state, call, index, count), chunk_(call), offset_(offset), bytes_(bytes) {}
-
-  // Rank j receives every rank's chunk j and reduces them in rank order.
-  ffi::Error ReduceScatter() {
-    const int world = state_.world;
-    const int rank = state_.rank;
-    for (int i = 1; i <= world; ++i) {
-      const int peer = (rank + i) % world;
-      std::memcpy(SlotOf(peer, Algorithm::kOneShot, 0, rank),
-                  chunk_.in + peer * chunk_.chunk_bytes + offset_, bytes_);
-      Deliver(peer, 0);
-    }
-    const std::byte* sources[kMaxRanks];
-    for (int s = 0; s < world; ++s) {
-      if (auto error = WaitFor(s, 0); error.failure()) return error;
-      sources[s] = SlotOf(rank, Algorithm::kOneShot, 0, s);
-    }
-    const size_t count = bytes_ / DtypeBytes(chunk_.dtype);
-    DispatchDtype(chunk_.dtype, [&](auto traits) {
-      ReduceElements<decltype(traits)>(chunk_.op, world, sources, 0, chunk_.out + offset_, count);
-    });
-    return ffi::Error::Success();
-  }
-
-  // Every rank's chunk lands at its rank's place in every output.
-  ffi::Error AllGather() {
-    const int world = state_.world;
-    const int rank = state_.rank;
-    for (int i = 1; i <= world; ++i) {
-      const int peer = (rank + i) % world;
-      std::memcpy(SlotOf(peer, Algorithm::kOneShot, 0, rank), chunk_.in + offset_, bytes_);
-      Deliver(peer, 0);
-    }
-    for (int s = 0; s < world; ++s) {
-      if (auto error = WaitFor(s, 0); error.failure()) return error;
-      std::memcpy(chunk_.out + s * chunk_.chunk_bytes + offset_,
-                  SlotOf(rank, Algorithm::kOneShot, 0, s), bytes_);
-    }
-    return ffi::Error::Success();
-  }
-
- private:
-  const ChunkCall& chunk_;
-  size_t offset_, bytes_;
-};
-
-// Runs round(r) for r in [0, rounds) under the rank's call lock, with
-// subnormals kept, unless the communicator failed earlier.
-template <typename RunRound>
-ffi::Error RunRounds(RankState& state, uint32_t rounds, RunRound&& run_round) {
-  if (std::string failure = state.Failure(); !failure.empty()) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jax_ar: this communicator failed earlier and cannot be used: " + failure);
-  }
-  std::lock_guard<std::mutex> lock(state.call_mutex);
-  KeepSubnormals keep_subnormals;
-  for (uint32_t r = 0; r < rounds; ++r) {
-    if (ffi::Error error = run_round(r); error.failure()) return error;
-  }
-  return ffi::Error::Success();
-}
-
 }  // namespace
 
-Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, int world)
+Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, int world,
+                 const char* operation)
     : segments(std::move(segs)), op(op_), algorithm(algorithm_) {
-  collective = Collective::kAllReduce;
-  uint64_t hash = HashMix(kFnvOffset, static_cast<uint64_t>(op));
+  uint64_t hash = kFnvOffset;
+  for (const char* c = operation; *c != '\0'; ++c) hash = HashMix(hash, static_cast<uint8_t>(*c));
+  hash = HashMix(hash, static_cast<uint64_t>(op));
   hash = HashMix(hash, static_cast<uint64_t>(algorithm));
   hash = HashMix(hash, static_cast<uint64_t>(world));
-  description = std::string(OpName(op)) + " " + AlgorithmName(algorithm) + " of";
+  description = std::string(operation) + " " + OpName(op) + " " + AlgorithmName(algorithm) + " of";
   for (Segment& s : segments) {
     s.packed_offset = packed_bytes;
     packed_bytes += AlignUp(s.bytes);
@@ -407,50 +364,52 @@ Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, 
 }
 
 ffi::Error RunAllReduce(RankState& state, const Message& message) {
+  if (std::string failure = state.Failure(); !failure.empty()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_ar: this communicator failed earlier and cannot be used: " + failure);
+  }
+  std::lock_guard<std::mutex> lock(state.call_mutex);
+  KeepSubnormals keep_subnormals;
   const size_t capacity = RoundCapacity(state, message.algorithm);
   if (capacity == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   const size_t total = message.packed_bytes;
   const uint32_t rounds = static_cast<uint32_t>(std::max<size_t>(1, (total + capacity - 1) / capacity));
-  return RunRounds(state, rounds, [&](uint32_t r) {
+  for (uint32_t r = 0; r < rounds; ++r) {
     const size_t begin = static_cast<size_t>(r) * capacity;
     const size_t end = std::min(total, begin + capacity);
-    AllReduceRound round(state, message, begin, end, r, rounds);
-    return message.algorithm == Algorithm::kOneShot ? round.OneShot() : round.TwoShot();
-  });
+    Round round(state, message, begin, end, r, rounds);
+    ffi::Error error =
+        message.algorithm == Algorithm::kOneShot ? round.OneShot() : round.TwoShot();
+    if (error.failure()) return error;
+  }
+  return ffi::Error::Success();
 }
 
-ChunkCall::ChunkCall(Collective collective_, const std::byte* in_, std::byte* out_,
-                     size_t chunk_bytes_, ffi::DataType dtype_, ReduceOp op_, int world)
-    : in(in_), out(out_), chunk_bytes(chunk_bytes_), dtype(dtype_), op(op_) {
-  collective = collective_;
-  packed_bytes = chunk_bytes * static_cast<size_t>(world);
-  // A tag apart from all-reduce signatures, whose first word is the op (< 16).
-  uint64_t hash = HashMix(kFnvOffset, 0x5ca7'0000u + static_cast<uint64_t>(collective));
-  hash = HashMix(hash, collective == Collective::kReduceScatter ? static_cast<uint64_t>(op) : 0);
-  hash = HashMix(hash, static_cast<uint64_t>(world));
-  hash = HashMix(HashMix(hash, static_cast<uint64_t>(dtype)), chunk_bytes);
-  signature = hash;
-  const size_t elements = chunk_bytes / std::max<size_t>(1, DtypeBytes(dtype));
-  description = collective == Collective::kReduceScatter
-                    ? std::string(OpName(op)) + " of " + std::to_string(world) + " x " +
-                          DtypeName(dtype) + "[" + std::to_string(elements) + "]"
-                    : "of " + std::to_string(chunk_bytes) + " bytes from each of " +
-                          std::to_string(world);
-}
-
-ffi::Error RunChunkCollective(RankState& state, const ChunkCall& call) {
+ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,
+                              size_t chunk_bytes) {
+  // The same entry checks as RunAllReduce: a failed communicator fails at
+  // once; one call at a time per rank; subnormals kept.
+  if (std::string failure = state.Failure(); !failure.empty()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_ar: this communicator failed earlier and cannot be used: " + failure);
+  }
+  std::lock_guard<std::mutex> lock(state.call_mutex);
+  KeepSubnormals keep_subnormals;
   // One sender's slot bounds what a round carries of each chunk.
   const size_t slot = SlotBytes(state, Algorithm::kOneShot);
   if (slot == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   const uint32_t rounds =
-      static_cast<uint32_t>(std::max<size_t>(1, (call.chunk_bytes + slot - 1) / slot));
-  return RunRounds(state, rounds, [&](uint32_t r) {
-    const size_t offset = static_cast<size_t>(r) * slot;
-    const size_t bytes = std::min(slot, call.chunk_bytes - std::min(call.chunk_bytes, offset));
-    ChunkRound round(state, call, offset, bytes, r, rounds);
-    return call.collective == Collective::kReduceScatter ? round.ReduceScatter()
-                                                         : round.AllGather();
-  });
+      static_cast<uint32_t>(std::max<size_t>(1, (chunk_bytes + slot - 1) / slot));
+  for (uint32_t r = 0; r < rounds; ++r) {
+    const size_t offset = std::min(chunk_bytes, static_cast<size_t>(r) * slot);
+    const size_t bytes = std::min(slot, chunk_bytes - offset);
+    Round round(state, message, offset, offset + bytes, r, rounds);
+    ffi::Error error = half == ChunkHalf::kReduceScatter
+                           ? round.ReduceScatterChunks(chunk_bytes, offset, bytes)
+                           : round.AllGatherChunks(chunk_bytes, offset, bytes);
+    if (error.failure()) return error;
+  }
+  return ffi::Error::Success();
 }
 
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,

@@ -34,47 +34,19 @@ struct Segment {
   size_t packed_offset = 0;
 };
 
-enum class Collective : uint32_t { kAllReduce, kReduceScatter, kAllGather };
-
-inline const char* CollectiveName(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllGather: return "all_gather";
-  }
-  return "?";
-}
-
-// What a call says about itself in the header peers check.
-struct CallIdentity {
-  Collective collective = Collective::kAllReduce;
-  size_t packed_bytes = 0;  // the whole message, all rounds
-  uint64_t signature = 0;   // hash of everything ranks must agree on
-  std::string description;  // human-readable form of the signature, for errors
-};
-
-struct Message : CallIdentity {
-  Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world);
+// `operation` names the public call the exchange serves ("all_reduce",
+// "all_reduce_rms_norm", ...); it is part of the signature, so ranks making
+// different calls with equal operands get an error, not each other's data.
+struct Message {
+  Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world,
+          const char* operation = "all_reduce");
 
   std::vector<Segment> segments;
   ReduceOp op;
   Algorithm algorithm;
-};
-
-// A reduce-scatter or all-gather of one array split into `world` chunks of
-// `chunk_bytes` each. Reduce-scatter: `in` holds every chunk (chunk j at
-// j * chunk_bytes), `out` receives this rank's chunk reduced over all ranks.
-// All-gather: `in` is this rank's chunk; `out` holds every rank's, in rank
-// order. Chunks need not be 16-byte multiples.
-struct ChunkCall : CallIdentity {
-  ChunkCall(Collective collective, const std::byte* in, std::byte* out, size_t chunk_bytes,
-            ffi::DataType dtype, ReduceOp op, int world);
-
-  const std::byte* in;
-  std::byte* out;
-  size_t chunk_bytes;
-  ffi::DataType dtype;
-  ReduceOp op;  // reduce-scatter only
+  size_t packed_bytes = 0;
+  uint64_t signature = 0;
+  std::string description;  // "all_reduce sum oneshot of float32[4]"
 };
 
 // Runs the whole call for this rank. A failure (a peer that never arrives, a
@@ -82,8 +54,15 @@ struct ChunkCall : CallIdentity {
 // the communicator fails at once with the same message.
 ffi::Error RunAllReduce(RankState& state, const Message& message);
 
-// Runs a reduce-scatter or all-gather for this rank; failures as above.
-ffi::Error RunChunkCollective(RankState& state, const ChunkCall& call);
+// Either half of two-shot on its own, for a message of one segment split
+// into `world` chunks of `chunk_bytes` each (not necessarily 16-byte
+// multiples). Reduce-scatter: the segment's input holds every chunk (chunk
+// j at j * chunk_bytes) and its output receives this rank's chunk reduced
+// over all ranks in rank order. All-gather: the input is this rank's chunk
+// and the output holds every rank's, in rank order. Failures as above.
+enum class ChunkHalf { kReduceScatter, kAllGather };
+ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,
+                              size_t chunk_bytes);
 
 // Builds the segments of a handler's operands; checks dtypes and sizes.
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,

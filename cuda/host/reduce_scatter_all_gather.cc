@@ -5,6 +5,7 @@
 // [world, ...]. Rows are contiguous, so a chunk is a plain byte range.
 #include "host/reduce_scatter_all_gather.h"
 
+#include <algorithm>
 #include <string>
 
 #include "host/all_reduce.h"
@@ -18,6 +19,19 @@ ffi::Error CheckDtype(ffi::DataType dtype, const char* what) {
     return InvalidArgument(std::string(what) + " does not support dtype " + DtypeName(dtype));
   }
   return ffi::Error::Success();
+}
+
+// The call as the protocol sees it: one array. Its size in the signature
+// (the operand for reduce-scatter, the result for all-gather: the whole
+// message) fixes the chunk size that peers must agree on.
+Message OneArrayMessage(ffi::AnyBuffer in, ffi::AnyBuffer out, int32_t op, const char* operation,
+                        const RankState& state) {
+  Segment s;
+  s.in = static_cast<const std::byte*>(in.untyped_data());
+  s.out = static_cast<std::byte*>(out.untyped_data());
+  s.bytes = std::max(in.size_bytes(), out.size_bytes());
+  s.dtype = in.element_type();
+  return Message({s}, static_cast<ReduceOp>(op), Algorithm::kTwoShot, state.world, operation);
 }
 
 ffi::Error ReduceScatterHandler(int32_t device_ordinal,
@@ -35,10 +49,8 @@ ffi::Error ReduceScatterHandler(int32_t device_ordinal,
     return InvalidArgument("reduce_scatter result must be 1/" + std::to_string(state->world) +
                            " of its operand, with the same dtype");
   }
-  ChunkCall call(Collective::kReduceScatter, static_cast<const std::byte*>(in.untyped_data()),
-                 static_cast<std::byte*>(out->untyped_data()), out->size_bytes(),
-                 in.element_type(), static_cast<ReduceOp>(op), state->world);
-  return RunChunkCollective(*state, call);
+  return RunChunkCollective(*state, OneArrayMessage(in, *out, op, "reduce_scatter", *state),
+                            ChunkHalf::kReduceScatter, out->size_bytes());
 }
 
 ffi::Error AllGatherHandler(int32_t device_ordinal,
@@ -54,10 +66,10 @@ ffi::Error AllGatherHandler(int32_t device_ordinal,
     return InvalidArgument("all_gather result must be " + std::to_string(state->world) +
                            " times its operand, with the same dtype");
   }
-  ChunkCall call(Collective::kAllGather, static_cast<const std::byte*>(in.untyped_data()),
-                 static_cast<std::byte*>(out->untyped_data()), in.size_bytes(),
-                 in.element_type(), ReduceOp::kSum, state->world);
-  return RunChunkCollective(*state, call);
+  return RunChunkCollective(*state,
+                            OneArrayMessage(in, *out, static_cast<int32_t>(ReduceOp::kSum),
+                                            "all_gather", *state),
+                            ChunkHalf::kAllGather, in.size_bytes());
 }
 
 }  // namespace
