@@ -8,6 +8,7 @@
 // capacity (the workspace's data half split into slots) and at most
 // kMaxSegmentsPerLaunch arrays; each launch is a complete protocol instance.
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,8 @@ uint64_t SlotBytes(const RankState& state, Algorithm algorithm) {
 }
 
 namespace {
+
+std::atomic<uint64_t> handler_calls{0};
 
 // One array of the call and its place in the packed message.
 struct Piece {
@@ -194,6 +197,7 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
                             int64_t comm_id,          // Communicator.comm_id
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
+  handler_calls.fetch_add(1, std::memory_order_relaxed);
   if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
   if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
       algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
@@ -211,6 +215,8 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
 }
 
 }  // namespace
+
+uint64_t AllReduceHandlerCalls() { return handler_calls.load(std::memory_order_relaxed); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduce, AllReduceHandler,
                               ffi::Ffi::Bind()

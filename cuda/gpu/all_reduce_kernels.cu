@@ -31,11 +31,6 @@ __device__ LocalControl g_local_controls[kMaxLiveSlots];
 
 namespace {
 
-__device__ __forceinline__ LLPacket* OneShotSlot(const LaunchArgs& a, int owner, int parity,
-                                                 int sender) {
-  return reinterpret_cast<LLPacket*>(DataHalf(a, owner, parity) + sender * a.slot_bytes);
-}
-
 __device__ __forceinline__ std::byte* TwoShotSlot(const LaunchArgs& a, int owner, int parity,
                                                   int phase, int sender) {
   return DataHalf(a, owner, parity) + (phase * a.world + sender) * a.slot_bytes;
@@ -60,19 +55,13 @@ __global__ void __launch_bounds__(kOneShotThreads) OneShotKernel(const __grid_co
     hint = FindSegment(a, x, hint);
     const SegmentArg& seg = a.segments[hint];
     const uint4 mine = LoadSegment(seg, x - seg.offset);
-    const uint4 lo = make_uint4(mine.x, flag, mine.y, flag);
-    const uint4 hi = make_uint4(mine.z, flag, mine.w, flag);
-    for (int i = 1; i < a.world; ++i) {
-      const int peer = (a.rank + i) % a.world;  // spread the first stores over peers
-      LLPacket* dst = OneShotSlot(a, peer, parity, a.rank) + 2 * v;
-      StoreVolatile16(dst, lo);
-      StoreVolatile16(dst + 1, hi);
-    }
+    SendPacketPair(a, parity, a.slot_bytes, 2 * v, mine, flag);
     uint4 result;
     DispatchDtype(seg.dtype, [&](auto tag) {
       result = ReduceVector<decltype(tag)::kDtype>(a.op, a.world, [&](int s) {
         if (s == a.rank) return mine;
-        return ReadPacketPair(OneShotSlot(a, a.rank, parity, s) + 2 * v, flag, waiter, s, ok);
+        return ReadPacketPair(PacketSlot(a, a.rank, parity, a.slot_bytes, s) + 2 * v, flag,
+                              waiter, s, ok);
       });
     });
     if (ok) StoreSegment(seg, x - seg.offset, result);

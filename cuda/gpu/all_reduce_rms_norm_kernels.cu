@@ -157,9 +157,6 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
   const int rows_at_once = blockDim.x / tpr;
   const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
   const int out_bytes = OutVectorBytes<D>(a);
-  const auto slot = [&](int owner, int sender) {
-    return reinterpret_cast<LLPacket*>(DataHalf(a, owner, parity) + sender * a.slot_bytes);
-  };
 
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * rows_at_once; base < a.rows;
        base += static_cast<int64_t>(gridDim.x) * rows_at_once) {
@@ -171,14 +168,7 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
       const int i = lane + k * tpr;
       if (!active || i >= a.row_vectors) continue;
       mine[k] = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
-      const uint4 lo = make_uint4(mine[k].x, flag, mine[k].y, flag);
-      const uint4 hi = make_uint4(mine[k].z, flag, mine[k].w, flag);
-      const int64_t packet = 2 * (row * a.row_vectors + i);
-      for (int step = 1; step < a.world; ++step) {
-        LLPacket* dst = slot((a.rank + step) % a.world, a.rank) + packet;
-        StoreVolatile16(dst, lo);
-        StoreVolatile16(dst + 1, hi);
-      }
+      SendPacketPair(a, parity, a.slot_bytes, 2 * (row * a.row_vectors + i), mine[k], flag);
     }
     uint4 rounded[kVectors];
     float sum_squares = 0.0f;
@@ -190,7 +180,8 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
       float acc[V::kLanes];
       AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
         if (s == a.rank) return mine[k];
-        return ReadPacketPair(slot(a.rank, s) + packet, flag, waiter, s, ok);
+        return ReadPacketPair(PacketSlot(a, a.rank, parity, a.slot_bytes, s) + packet, flag,
+                              waiter, s, ok);
       }, acc);
       const uint4 residual = LoadInput16(RowOf(a.residual, row, row_bytes) + 16 * i);
       rounded[k] = AddResidual<D>(acc, residual, sum_squares);

@@ -32,6 +32,10 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 // Bytes of one sender's slot in a data half, for an algorithm's layout.
 uint64_t SlotBytes(const RankState& state, Algorithm algorithm);
 
+// How often the all-reduce handler ran in this process: under CUDA graphs
+// it runs when XLA records a graph, not per call (benchmarks report it).
+uint64_t AllReduceHandlerCalls();
+
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduceRmsNorm);
 

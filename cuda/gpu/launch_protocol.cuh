@@ -155,13 +155,18 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
 }
 
 // Every block, last thing (all threads): the last block advances the count.
+// It also looks for a failure a peer told this rank about: a launch whose
+// data all arrived never polls long enough to see it (a peer may time out
+// after sending), and the next launches must know the communicator broke.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
   CheckAlone(a, ctx);
   const uint64_t launch = ctx.launch;
   __syncthreads();
   if (threadIdx.x == 0) {
+    const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
     __threadfence();
     if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
+      if (told != 0) Abort(a, told, launch);
       a.local->blocks_done = 0;
       StoreVolatile64(&a.local->completed, launch);
     }
@@ -201,6 +206,26 @@ __device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
     return false;
   }
   return true;
+}
+
+// LL slot of `sender` in rank `owner`'s data half `parity` (slot_bytes each).
+__device__ __forceinline__ LLPacket* PacketSlot(const ProtocolArgs& a, int owner, int parity,
+                                                uint64_t slot_bytes, int sender) {
+  return reinterpret_cast<LLPacket*>(DataHalf(a, owner, parity) + sender * slot_bytes);
+}
+
+// Sends 16 data bytes as LL packets `packet` and `packet + 1` of slot `rank`
+// in every peer's data half, starting with the next rank to spread the load.
+__device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity,
+                                               uint64_t slot_bytes, uint64_t packet, uint4 data,
+                                               uint32_t flag) {
+  const uint4 lo = make_uint4(data.x, flag, data.y, flag);
+  const uint4 hi = make_uint4(data.z, flag, data.w, flag);
+  for (int step = 1; step < a.world; ++step) {
+    LLPacket* dst = PacketSlot(a, (a.rank + step) % a.world, parity, slot_bytes, a.rank) + packet;
+    StoreVolatile16(dst, lo);
+    StoreVolatile16(dst + 1, hi);
+  }
 }
 
 // The 16 data bytes of LL packets p[0], p[1]; zeros and ok=false if the

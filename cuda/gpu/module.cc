@@ -401,6 +401,9 @@ NB_MODULE(_jax_ar_cuda, m) {
         },
         nb::arg("comm_id"), nb::arg("device_ordinal"),
         "The message of the call that broke this rank, or '' while it is healthy.");
+  m.def("handler_calls", &AllReduceHandlerCalls,
+        "How often the all-reduce FFI handler ran in this process (host work; CUDA graph "
+        "replays do not run it).");
   m.def("live_ranks", []() { return Registry<RankState>::Instance().Size(); },
         "Rank states registered in this process (for leak checks).");
 }
