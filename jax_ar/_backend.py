@@ -49,8 +49,10 @@ class Backend(abc.ABC):
     def failure(self, comm_id: int, device) -> str:
         return self.module.failure(comm_id, self.ordinal(device))
 
-    def close(self, comm_id: int) -> None:
-        self.module.close_comm(comm_id)
+    def close(self, comm_id: int) -> list[str]:
+        """Releases the communicator's ranks in this process; returns messages
+        about peers that started calls these ranks never made."""
+        return list(self.module.close_comm(comm_id) or [])
 
 
 class HostBackend(Backend):
@@ -80,9 +82,10 @@ class HostBackend(Backend):
         self.module.unlink_workspaces(comm_id)
 
     def close(self, comm_id):
-        self.module.close_comm(comm_id)
+        diverged = super().close(comm_id)
         for key in [k for k in self._opened if k[0] == comm_id]:
             del self._opened[key]
+        return diverged
 
 
 _backends: dict[str, Backend] = {}

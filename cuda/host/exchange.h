@@ -12,6 +12,12 @@
 // parity, which is enough because no rank can start call e+2 before every
 // peer has finished reading call e. Messages larger than the workspace run
 // in several rounds, each a full protocol instance with its own epoch.
+//
+// Faults: a rank that fails records why in its own control block, and a rank
+// that closes says so there; a rank waiting for a peer stops at once when
+// the peer (or any other rank) has failed, when the peer has closed, or when
+// the peer's process has exited, and otherwise at its deadline. A rank never
+// returns the result of a call in which a peer failed.
 #pragma once
 
 #include <cstddef>
@@ -34,21 +40,40 @@ struct Segment {
   size_t packed_offset = 0;
 };
 
+// `operation` names the public call the exchange serves ("all_reduce",
+// "all_reduce_rms_norm", ...); it is part of the signature, so ranks making
+// different calls with equal operands get an error, not each other's data.
 struct Message {
-  Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world);
+  Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world,
+          const char* operation = "all_reduce");
 
   std::vector<Segment> segments;
   ReduceOp op;
   Algorithm algorithm;
   size_t packed_bytes = 0;
   uint64_t signature = 0;
-  std::string description;
+  std::string description;  // "all_reduce sum oneshot of float32[4]"
 };
 
 // Runs the whole call for this rank. A failure (a peer that never arrives, a
-// peer in a different call) is recorded in `state`, so every later call of
-// the communicator fails at once with the same message.
+// peer in a different call, a peer that failed) is recorded in `state` and
+// published to the peers, so every later call of the communicator, on every
+// rank, fails at once.
 ffi::Error RunAllReduce(RankState& state, const Message& message);
+
+// Fills the status of a workspace this process has just created (zeroed):
+// the identity of the owning process, which peers use to tell a dead rank.
+void InitControlBlock(std::byte* workspace);
+
+// This rank's failure, else the first failure a peer has published; "" while
+// every rank is healthy.
+std::string CommunicatorFailure(RankState& state);
+
+// Waits for a call running on this rank to end, then marks the rank closed
+// so that peers waiting for it stop at once. Returns one message for each
+// peer that has started a call this rank never made (the ranks made
+// different numbers of calls; that peer's call will fail).
+std::vector<std::string> CloseRank(RankState& state);
 
 // Builds the segments of a handler's operands; checks dtypes and sizes.
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
