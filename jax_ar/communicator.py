@@ -85,18 +85,25 @@ class Communicator:
                 raise JaxArError(f"jax_ar: rank {rank} ({device}) failed: {failure}")
 
     def close(self) -> None:
-        """Releases workspaces and peer mappings. Compiled functions that used
-        this communicator are dropped from JAX's caches, so the next call
-        retraces against whatever communicator is set up then."""
+        """Releases workspaces and peer mappings, after any call running on
+        this process's ranks has ended. Peers still waiting for this process
+        stop at once with an error. Compiled functions that used this
+        communicator are dropped from JAX's caches, so the next call retraces
+        against whatever communicator is set up then. Never raises; if a peer
+        has started a call that this process never made, that is logged as
+        an error (the peer's call fails)."""
+        diverged = []
         with _lock:
             if self._closed:
                 return
             self._closed = True
             if self._backend is not None:
-                self._backend.close(self.comm_id)
+                diverged = self._backend.close(self.comm_id) or []
             for key, comm in list(_open.items()):
                 if comm is self:
                     del _open[key]
+        for text in diverged:
+            config.logger.error("jax_ar: %s", text)
         if self._backend is not None:
             jax.clear_caches()
 
@@ -249,12 +256,16 @@ def _connect(comm: Communicator) -> None:
     exchange = KeyValueExchange(f"jax_ar/{comm.comm_id}", me, processes, comm.timeout_s, describe)
     try:
         _establish(comm, backend, exchange, me, label, describe)
-    except BaseException:
+    except BaseException as e:
+        exchange.publish_failure(f"{type(e).__name__}: {e}")
         backend.close(comm.comm_id)
         raise
 
 
 def _establish(comm, backend, exchange, me, label, describe):
+    # Every process is here before any creates a named workspace: a process
+    # killed while it waits for a missing peer then leaves nothing in /dev/shm.
+    exchange.barrier("arrived")
     nbytes = comm.workspace_bytes
     local_devices = list(comm.local_ranks)
     handles, addresses = {}, {}
