@@ -5,9 +5,12 @@ runs the user's script as __main__.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
+import signal
 import sys
+import traceback
 
 
 def initialize_from_env() -> None:
@@ -28,14 +31,51 @@ def initialize_from_env() -> None:
     )
 
 
+def report_failure(error: BaseException) -> None:
+    """Tells the launcher that this rank failed. Needed because a failed rank
+    does not exit at once: jax.distributed's shutdown waits for every other
+    process, and the launcher must not wait for that to stop the job."""
+    status_dir = os.environ.get("JAX_AR_LAUNCH_STATUS_DIR")
+    if not status_dir:
+        return
+    text = f"{type(error).__name__}: {error}".splitlines()[0][:500] if str(error) else \
+        type(error).__name__
+    path = os.path.join(status_dir, f"rank{os.environ.get('JAX_AR_PROCESS_ID', '0')}.failed")
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m jax_ar._bootstrap SCRIPT [ARGS...]")
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
+    # The launcher sends SIGUSR1 before it kills a rank that is still running
+    # after another failed: its stack then shows where it was stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     initialize_from_env()
+    from jax_ar import _compat, _kv
+
+    _kv.publish_process_identity(_compat.distributed_client(),
+                                 int(os.environ["JAX_AR_PROCESS_ID"]))
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            report_failure(e)
+        raise
+    except BaseException as e:
+        # The traceback goes out before the report: the launcher may stop
+        # this process soon after it.
+        traceback.print_exc()
+        sys.stderr.flush()
+        report_failure(e)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
