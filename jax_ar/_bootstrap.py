@@ -38,6 +38,8 @@ def report_failure(error: BaseException) -> None:
     status_dir = os.environ.get("JAX_AR_LAUNCH_STATUS_DIR")
     if not status_dir:
         return
+    if isinstance(error, SystemExit) and error.__context__ is not None:
+        error = error.__context__  # sys.exit(1) in an except block: report what was caught
     text = f"{type(error).__name__}: {error}".splitlines()[0][:500] if str(error) else \
         type(error).__name__
     path = os.path.join(status_dir, f"rank{os.environ.get('JAX_AR_PROCESS_ID', '0')}.failed")
