@@ -31,6 +31,7 @@ VERSION = "0.1.0"
 MAX_RANKS = 16  # cuda/common/protocol.h kMaxRanks
 CONTROL_BYTES = 64 * 1024  # cuda/common/protocol.h kControlBytes
 MIN_WORKSPACE_BYTES = 1 << 20
+MAX_WORKSPACE_BYTES = 1 << 40  # more than any GPU or /dev/shm holds; keeps sizes in int64
 DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "gpu": 64 << 20}
 
 _lock = threading.RLock()
@@ -133,12 +134,15 @@ def setup(mesh, axis_name, workspace_bytes=None, timeout_s=None) -> Communicator
     if workspace_bytes is None:
         workspace_bytes = DEFAULT_WORKSPACE_BYTES.get(platform, MIN_WORKSPACE_BYTES)
     elif isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)):
-        raise TypeError(f"workspace_bytes must be an int, got {workspace_bytes!r}")
-    elif workspace_bytes < MIN_WORKSPACE_BYTES:
-        raise ValueError(f"workspace_bytes must be at least {MIN_WORKSPACE_BYTES} "
-                         f"(1 MiB), got {workspace_bytes}")
+        raise TypeError(f"jax_ar.setup: workspace_bytes must be an int, got {workspace_bytes!r}")
+    elif not MIN_WORKSPACE_BYTES <= workspace_bytes <= MAX_WORKSPACE_BYTES:
+        raise ValueError(f"jax_ar.setup: workspace_bytes must be between {MIN_WORKSPACE_BYTES} "
+                         f"(1 MiB) and {MAX_WORKSPACE_BYTES} (1 TiB), got {workspace_bytes}")
     workspace_bytes = int(workspace_bytes) // 4096 * 4096
-    timeout = config.resolve_timeout(timeout_s)
+    try:
+        timeout = config.resolve_timeout(timeout_s)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"jax_ar.setup: {e}") from None
 
     key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, tuple(mesh.axis_names),
            axis_name)
@@ -270,7 +274,11 @@ def _establish(comm, backend, exchange, me, label, describe):
     local_devices = list(comm.local_ranks)
     handles, addresses = {}, {}
     for d in local_devices:
-        handles[d.id], addresses[d.id] = backend.create(comm.comm_id, d, nbytes)
+        try:
+            handles[d.id], addresses[d.id] = backend.create(comm.comm_id, d, nbytes)
+        except (RuntimeError, OSError, MemoryError) as e:
+            raise JaxArError(f"jax_ar.setup: {describe(me)} could not allocate its "
+                             f"{nbytes}-byte workspace (workspace_bytes) on {d}: {e}") from e
     info = exchange.all_gather("info", {
         "fingerprint": _fingerprint(comm),
         "host": host_identity(),
