@@ -169,8 +169,8 @@ def _reduce_leaves(leaves, axes, op, algorithm, comm):
     # (float32). Leaves that need a different kernel op go in separate calls.
     kernel_ops = ["sum" if op == "avg" and leaf.dtype == jnp.int32 else op for leaf in leaves]
     for i, leaf in enumerate(leaves):
-        if np.size(leaf) == 0:  # nothing to exchange; psum keeps the type right
-            out[i] = _psum_like(leaf, axes, op)
+        if np.size(leaf) == 0:
+            out[i] = _empty_result(leaf, axes, op)
     for kernel_op in dict.fromkeys(kernel_ops):
         todo = [i for i, leaf in enumerate(leaves)
                 if kernel_ops[i] == kernel_op and np.size(leaf) > 0]
@@ -193,6 +193,16 @@ def _reduce_leaves(leaves, axes, op, algorithm, comm):
             for i, r in zip(group, results):
                 out[i] = r
     return out
+
+
+def _empty_result(leaf, axes, op):
+    """An empty array needs no exchange (and no NCCL call either): a constant
+    of the result's type, varying over the axes the input varies over
+    except the reduced ones."""
+    dtype = jnp.float32 if op == "avg" and leaf.dtype == jnp.int32 else leaf.dtype
+    remaining = tuple(sorted(_compat.varying_axes(jax.typeof(leaf)) - set(axes)))
+    empty = jnp.zeros(leaf.shape, dtype)
+    return _compat.pcast_to_varying(empty, remaining) if remaining else empty
 
 
 def _pack(indices, leaves, capacity):
