@@ -56,14 +56,16 @@ class LaunchResult:
     def summary(self) -> str:
         if self.ok:
             return f"all {len(self.returncodes)} ranks succeeded"
-        parts = []
-        for n, (rank, what) in enumerate(self.failures):
-            parts.append(f"rank {rank} failed{' first' if n == 0 else ''} ({what})")
+        parts = [f"rank {rank} failed ({what})" for rank, what in self.failures]
+        if len(parts) > 1:
+            parts[0] += ", the first to fail"
         if self.stopped:
             parts.append(f"rank{'s' if len(self.stopped) > 1 else ''} "
                          f"{', '.join(map(str, self.stopped))} still running after that, killed")
         if self.timed_out:
-            parts.append("the job ran past its deadline; every rank still running was killed")
+            late = [i for i, rc in enumerate(self.returncodes) if rc is None]
+            parts.append(f"rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} "
+                         "killed at the deadline")
         return "; ".join(parts) or "failed"
 
 
@@ -137,8 +139,7 @@ def launch(script, args=(), num_processes=2, cpu_devices=None, platform="auto",
                                                           stream, print_lock), daemon=True)
             reader.start()
             readers.append(reader)
-        failures, stopped, timed_out = _supervise(procs, logs, status_dir, timeout_s, grace_s,
-                                                  print_lock, stream)
+        watch = _supervise(procs, logs, status_dir, timeout_s, grace_s, print_lock, stream)
     finally:
         _kill_all(procs)
         shutil.rmtree(status_dir, ignore_errors=True)
@@ -152,10 +153,12 @@ def launch(script, args=(), num_processes=2, cpu_devices=None, platform="auto",
     returncodes = []
     for i, p in enumerate(procs):
         rc = p.returncode
-        returncodes.append(None if rc is not None and rc < 0 and timed_out and i not in stopped
-                           else rc)
-    return LaunchResult(returncodes, ["".join(lines) for lines in logs], timed_out, failures,
-                        stopped)
+        killed_at_deadline = watch.timed_out and rc is not None and rc < 0 and \
+            i not in watch.order
+        returncodes.append(None if killed_at_deadline else rc)
+    failures = [(r, _describe_failure(r, returncodes[r], watch)) for r in watch.order]
+    return LaunchResult(returncodes, ["".join(lines) for lines in logs], watch.timed_out,
+                        failures, watch.stopped)
 
 
 def default_grace_s(platform: str, env) -> float:
@@ -173,72 +176,92 @@ def default_grace_s(platform: str, env) -> float:
     return deadline + 5.0
 
 
-def _supervise(procs, logs, status_dir, timeout_s, grace_s, print_lock, stream):
-    """Waits for the ranks; returns (failures, stopped ranks, timed out)."""
+class _Watch:
+    """What the launcher saw while the ranks ran."""
+
+    def __init__(self):
+        self.order = []  # failed ranks, in the order their failure was seen
+        self.reported = {}  # rank -> the error it reported ("Type: message")
+        self.stopped = []  # ranks killed because they still ran after a failure
+        self.ended_by_launcher = False  # the launcher killed what was left
+        self.timed_out = False
+
+
+def _supervise(procs, logs, status_dir, timeout_s, grace_s, print_lock, stream) -> _Watch:
+    """Waits for the ranks, stopping them as described in launch()."""
+    watch = _Watch()
     deadline = time.monotonic() + timeout_s
-    failures, failed = [], set()
     first_failure_at = settled_at = None
-    while any(p.poll() is None for p in procs):
+    while True:
+        _collect_failures(procs, status_dir, watch)
+        if all(p.poll() is not None for p in procs):
+            _collect_failures(procs, status_dir, watch)
+            return watch
         now = time.monotonic()
-        for rank, p in enumerate(procs):
-            if rank in failed:
-                continue
-            what = _failure_of(rank, p, status_dir)
-            if what is not None:
-                failures.append((rank, what))
-                failed.add(rank)
-                if first_failure_at is None:
-                    first_failure_at = now
+        if watch.order and first_failure_at is None:
+            first_failure_at = now
         if now > deadline:
+            watch.timed_out = watch.ended_by_launcher = True
             _kill_all(procs)
-            return failures, [], True
+            return watch
         if first_failure_at is not None and not any(
-                p.poll() is None and r not in failed for r, p in enumerate(procs)):
+                p.poll() is None and r not in watch.order for r, p in enumerate(procs)):
             # Every rank has ended or reported its failure; those still alive
             # wait in jax.distributed's shutdown for peers that are gone.
             settled_at = settled_at if settled_at is not None else now
             if now > settled_at + 1.0:
+                watch.ended_by_launcher = True
                 _kill_all(procs)
-                return failures, [], False
+                return watch
         if first_failure_at is not None and now > first_failure_at + grace_s:
-            stuck = [r for r, p in enumerate(procs) if p.poll() is None and r not in failed]
-            culprit = failures[0][0]
-            for rank in stuck:
+            watch.stopped = [r for r, p in enumerate(procs)
+                             if p.poll() is None and r not in watch.order]
+            for rank in watch.stopped:
                 _note(logs, rank, f"jax_ar launch: rank {rank} is still running {grace_s:.1f} s "
-                      f"after rank {culprit} failed; dumping its stack, then killing it",
+                      f"after rank {watch.order[0]} failed; dumping its stack, then killing it",
                       print_lock, stream)
                 _signal(procs[rank], signal.SIGUSR1)
-            if stuck:
+            if watch.stopped:
                 time.sleep(1.0)  # time for the stack dumps
+            watch.ended_by_launcher = True
             _kill_all(procs)
-            return failures, stuck, False
+            return watch
         time.sleep(0.05)
-    for rank, p in enumerate(procs):  # failures seen only at the very end
-        if rank not in failed:
-            what = _failure_of(rank, p, status_dir)
-            if what is not None:
-                failures.append((rank, what))
-    return failures, [], False
 
 
-def _failure_of(rank, proc, status_dir) -> str | None:
-    """What went wrong with `rank` (it reported an error, or exited non-zero), or None."""
-    path = os.path.join(status_dir, f"rank{rank}.failed")
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                return f"raised {f.read().strip()}"
-        except OSError:
-            return "raised an error"
-    rc = proc.poll()
-    if rc is None or rc == 0:
-        return None
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
+def _collect_failures(procs, status_dir, watch):
+    for rank, proc in enumerate(procs):
+        if rank in watch.order:
+            continue
+        path = os.path.join(status_dir, f"rank{rank}.failed")
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    watch.reported[rank] = f.read().strip()
+            except OSError:
+                watch.reported[rank] = "an error"
+            watch.order.append(rank)
+        elif proc.poll() not in (None, 0):
+            watch.order.append(rank)
+
+
+def _describe_failure(rank, rc, watch) -> str:
+    """'raised ValueError: ..., exit code 1', 'exit code 3', 'killed by SIGKILL'."""
+    parts = []
+    reported = watch.reported.get(rank, "")
+    if reported and not reported.startswith("SystemExit"):
+        parts.append(f"raised {reported}")
+    if rc is not None and rc > 0:
+        parts.append(f"exit code {rc}")
+    elif rc is not None and rc < 0:
+        if rank in watch.reported and watch.ended_by_launcher:
+            parts.append("stopped while exiting")
+        else:
+            try:
+                parts.append(f"killed by {signal.Signals(-rc).name}")
+            except ValueError:
+                parts.append(f"killed by signal {-rc}")
+    return ", ".join(parts) or "failed"
 
 
 def _note(logs, rank, line, lock, stream):
