@@ -28,19 +28,19 @@ def all_mappings() -> int:
         return sum(1 for _ in f)
 
 
-def live_ranks() -> int:
-    """Rank states registered with the compiled modules of this process."""
+def live_ranks() -> int | None:
+    """Rank states registered with the compiled module serving this
+    process's devices, or None if that module cannot tell."""
+    import jax
     from jax_ar import _native
 
-    total = 0
-    for platform in ("cpu", "gpu"):
-        try:
-            module = _native.backend_module(platform)
-        except RuntimeError:
-            continue
-        count = getattr(module, "live_ranks", None)
-        total += count() if count else 0
-    return total
+    platform = "cpu" if jax.devices()[0].platform == "cpu" else "gpu"
+    try:
+        module = _native.backend_module(platform)
+    except RuntimeError:
+        return None
+    count = getattr(module, "live_ranks", None)
+    return count() if count else None
 
 
 def gpu_free_bytes() -> int | None:
