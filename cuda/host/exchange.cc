@@ -13,39 +13,10 @@
 #include "host/numeric.h"
 #include "host/process_liveness.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#endif
-
 namespace jax_ar::host {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// XLA:CPU runs its threads with subnormals flushed to zero; jax_ar's results
-// must be exact for every bit pattern, so reductions run with them kept.
-class KeepSubnormals {
- public:
-#if defined(__x86_64__) || defined(__i386__)
-  static constexpr unsigned kFlushBits = 0x8040;  // MXCSR flush-to-zero | denormals-are-zero
-  KeepSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFlushBits); }
-  ~KeepSubnormals() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-#elif defined(__aarch64__)
-  static constexpr uint64_t kFlushBit = 1ull << 24;  // FPCR.FZ
-  KeepSubnormals() {
-    __asm__ volatile("mrs %0, fpcr" : "=r"(saved_));
-    const uint64_t cleared = saved_ & ~kFlushBit;
-    __asm__ volatile("msr fpcr, %0" : : "r"(cleared));
-  }
-  ~KeepSubnormals() { __asm__ volatile("msr fpcr, %0" : : "r"(saved_)); }
-
- private:
-  uint64_t saved_;
-#endif
-};
 
 // Spins briefly, then yields, then sleeps: CI runs eight ranks on two cores,
 // where a rank that keeps its core would starve the peer it waits for.

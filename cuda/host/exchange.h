@@ -28,7 +28,38 @@
 #include "common/protocol.h"
 #include "host/rank_state.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace jax_ar::host {
+
+// XLA:CPU runs its threads with subnormals flushed to zero; jax_ar's results
+// must be exact for every bit pattern, so reductions (and any arithmetic a
+// handler does on their results, such as a fused residual add) run inside
+// one of these.
+class KeepSubnormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kFlushBits = 0x8040;  // MXCSR flush-to-zero | denormals-are-zero
+  KeepSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFlushBits); }
+  ~KeepSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#elif defined(__aarch64__)
+  static constexpr uint64_t kFlushBit = 1ull << 24;  // FPCR.FZ
+  KeepSubnormals() {
+    __asm__ volatile("mrs %0, fpcr" : "=r"(saved_));
+    const uint64_t cleared = saved_ & ~kFlushBit;
+    __asm__ volatile("msr fpcr, %0" : : "r"(cleared));
+  }
+  ~KeepSubnormals() { __asm__ volatile("msr fpcr, %0" : : "r"(saved_)); }
+
+ private:
+  uint64_t saved_;
+#endif
+};
 
 // One array of the call: its input and output and where it sits in the
 // packed message (arrays start on 16-byte boundaries there).
