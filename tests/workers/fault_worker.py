@@ -30,11 +30,12 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
 from jax_ar import communicator
-from common import log, main_guard
+from common import global_array, log, main_guard
 from fault_common import (ON_GPU, PROMPT_S, check_fresh_results, expect_check_fails,
                           expect_failure, last_process, me, reducer, sharded, tp_mesh)
 
@@ -107,11 +108,14 @@ def scenario_disagree(mesh):
 
 def _norm_or_reduce(mesh, odd):
     """all_reduce_rms_norm on most ranks, a plain all_reduce of the same
-    float32 operand on `odd`: equal bytes, different operations."""
-    tokens, hidden = 2, 64
-    x = jnp.ones((jax.device_count() * tokens, hidden), jnp.float32)
-    r = jnp.ones((tokens, hidden), jnp.float32)
-    g = jnp.ones((hidden,), jnp.float32)
+    float32 operand on `odd`: equal bytes, different operations. (A hidden
+    size the fused kernel takes: the general path is a plain all_reduce plus
+    a norm, whose exchange pairs with odd's and gives each rank the right
+    result for its own call.)"""
+    tokens, hidden = 2, 256
+    x = global_array(np.ones((jax.device_count() * tokens, hidden), np.float32), mesh, P("tp"))
+    r = global_array(np.ones((tokens, hidden), np.float32), mesh, P())
+    g = global_array(np.ones((hidden,), np.float32), mesh, P())
     if odd:
         def body(x, r, g):
             return jax_ar.all_reduce(x, "tp", algorithm="oneshot"), r
