@@ -75,7 +75,9 @@ class Communicator:
         return slot if algorithm == "oneshot" else slot * self.world_size
 
     def check(self) -> None:
-        """Raises JaxArError if a call on any local rank has failed."""
+        """Raises JaxArError if a call has failed on a local rank, or (where
+        the backend can tell) on a peer: the communicator is then unusable
+        until close() and a new setup()."""
         if self._closed:
             raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} is closed")
         if self._backend is None:
@@ -83,7 +85,8 @@ class Communicator:
         for device, rank in self.local_ranks.items():
             failure = self._backend.failure(self.comm_id, device)
             if failure:
-                raise JaxArError(f"jax_ar: rank {rank} ({device}) failed: {failure}")
+                raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} has "
+                                 f"failed (seen from rank {rank}, {device}): {failure}")
 
     def close(self) -> None:
         """Releases workspaces and peer mappings, after any call running on
