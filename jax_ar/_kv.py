@@ -19,7 +19,7 @@ import time
 from . import _compat, _native
 from .errors import JaxArError, JaxArTimeoutError
 
-__all__ = ["KeyValueExchange", "publish_process_identity"]
+__all__ = ["KeyValueExchange", "machine_identity", "publish_process_identity"]
 
 # Long enough to keep the coordination service idle, short next to any deadline.
 _POLL_S = 0.25
@@ -32,8 +32,9 @@ def _identity_key(process: int) -> str:
     return f"jax_ar/process/{process}"
 
 
-def _this_host() -> str:
-    """The machine itself (not JAX_AR_HOST_ID): pids only mean something there."""
+def machine_identity() -> str:
+    """Hostname and boot id of this machine (not JAX_AR_HOST_ID): pids only
+    mean something there."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -49,10 +50,9 @@ def publish_process_identity(client, process: int) -> None:
         if _identity_published or client is None:
             return
         pid, namespace, start = _native.host.process_identity()
+        identity = {"host": machine_identity(), "pid": pid, "ns": namespace, "start": start}
         try:
-            client.key_value_set(_identity_key(process),
-                                 json.dumps({"host": _this_host(), "pid": pid, "ns": namespace,
-                                             "start": start}))
+            client.key_value_set(_identity_key(process), json.dumps(identity))
         except Exception:  # already published by an earlier session: nothing to add
             pass
         _identity_published = True
@@ -136,7 +136,7 @@ class KeyValueExchange:
             raise JaxArError(f"jax_ar.setup: {self._describe(self._process)} stopped at step "
                              f"'{step}' because process {process} failed: {message}")
         identity = self._identity(other)
-        if identity is not None and identity.get("host") == _this_host() and \
+        if identity is not None and identity.get("host") == machine_identity() and \
                 _native.host.has_exited(identity["pid"], identity["ns"],
                                                             identity["start"]):
             raise JaxArError(

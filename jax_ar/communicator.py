@@ -14,7 +14,6 @@ import atexit
 import collections
 import hashlib
 import os
-import socket
 import threading
 
 import jax
@@ -22,7 +21,7 @@ import numpy as np
 
 from . import config
 from ._backend import backend_for
-from ._kv import KeyValueExchange
+from ._kv import KeyValueExchange, machine_identity
 from .errors import JaxArError
 
 __all__ = ["Communicator", "setup"]
@@ -202,15 +201,7 @@ def _stable_id(key, generation) -> int:
 def host_identity() -> str:
     """What makes two processes "the same host": JAX_AR_HOST_ID if set (tests
     use it to make processes stand in for hosts), else hostname and boot id."""
-    override = os.environ.get("JAX_AR_HOST_ID")
-    if override:
-        return override
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    return os.environ.get("JAX_AR_HOST_ID") or machine_identity()
 
 
 def _fingerprint(comm: Communicator) -> dict:

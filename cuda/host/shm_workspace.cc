@@ -40,8 +40,9 @@ void RemoveSegmentsOfExitedCreators() {
   if (dir == nullptr) return;
   while (const dirent* entry = readdir(dir)) {
     unsigned long long ns = 0, pid = 0, ticks = 0;
+    const char* fields = entry->d_name + sizeof(kPrefix) - 1;
     if (std::strncmp(entry->d_name, kPrefix, sizeof(kPrefix) - 1) != 0 ||
-        std::sscanf(entry->d_name + sizeof(kPrefix) - 1, "%llu_%llu_%llu_", &ns, &pid, &ticks) != 3) {
+        std::sscanf(fields, "%llu_%llu_%llu_", &ns, &pid, &ticks) != 3) {
       continue;
     }
     if (HasExited(ProcessIdentity{static_cast<uint32_t>(pid), ns, ticks})) {

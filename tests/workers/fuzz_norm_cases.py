@@ -6,7 +6,6 @@ plus the residual, rounded once (bitwise), and the norm in float64 (close
 within the output dtype's rounding; float8 within its own).
 """
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.sharding import PartitionSpec as P

@@ -10,8 +10,6 @@ bad argument). Cases run one after the other in this process; each is
 logged before it starts, so a crash (which the launcher reports as a failed
 rank) points at its case. All failing cases are listed at the end.
 """
-import math
-import os
 import sys
 
 import jax
