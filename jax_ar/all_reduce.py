@@ -181,7 +181,7 @@ def _reduce_leaves(leaves, axes, op, algorithm, comm):
             nbytes = sum(v.size * v.dtype.itemsize for v in inputs)
             chosen = algorithm
             if chosen == "auto":
-                chosen = selection.choose_algorithm(comm.platform, comm.world_size, nbytes)
+                chosen = selection.choose_for(comm, nbytes)
             if chosen == "psum":
                 results = [_psum_like(v, axes, op) for v in inputs]
             else:

@@ -204,8 +204,20 @@ def host_identity() -> str:
     return os.environ.get("JAX_AR_HOST_ID") or machine_identity()
 
 
+def _table_digest(comm: Communicator) -> str:
+    """Which cost table this process would choose algorithms from: ranks
+    that chose differently could meet psum on one side and a jax_ar kernel on
+    the other, which no deadline inside NCCL would end."""
+    from . import selection  # imports this module
+
+    table = selection.table_for(comm.platform, comm.groups[0][0].device_kind, comm.world_size)
+    curves = sorted((name, repr(curve)) for name, curve in table.curves.items())
+    return hashlib.blake2b(repr(curves).encode(), digest_size=8).hexdigest()
+
+
 def _fingerprint(comm: Communicator) -> dict:
     return {
+        "cost_table": _table_digest(comm),
         "version": VERSION,
         "platform": comm.platform,
         "axis": comm.axis_name,

@@ -3,6 +3,7 @@
 JAX_AR_ALGO       overrides algorithm="auto" (oneshot | twoshot | psum)
 JAX_AR_TIMEOUT_S  deadline in seconds for every wait (setup and calls)
 JAX_AR_LOG        log level of the "jax_ar" logger (info logs each choice once)
+JAX_AR_TABLE      cost table file for algorithm="auto", or "default" (see _table.py)
 """
 from __future__ import annotations
 

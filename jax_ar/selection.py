@@ -1,61 +1,150 @@
 """Which algorithm serves an all-reduce: a cost model evaluated at trace time.
 
-For each candidate, predicted time = latency + bytes * inverse bandwidth,
-both taken from a per-(platform, world size) table; the cheapest wins. The
-inputs are static shapes and the table only, so every rank decides the same.
+In the spirit of NCCL's getAlgoInfo: for each candidate (oneshot, twoshot,
+psum) the predicted time is latency + bytes x inverse bandwidth, read from
+the table of this (platform, device kind, world size); the cheapest wins,
+ties going to the earlier candidate. A message larger than what one round
+of the workspace carries (Communicator.capacity_bytes) is predicted as that
+many rounds. The inputs are static shapes, the communicator's configuration
+and the table, so every rank decides the same.
+
+The table is the one `python -m jax_ar tune` measured (see _table.py for
+where it is looked up, JAX_AR_TABLE included), else the defaults below.
 """
 from __future__ import annotations
 
-import dataclasses
+import os
+import threading
+from typing import Callable
 
 from . import config
+from ._table import (TABLE_ENV, CostCurve, Table, TableError, load_table,  # noqa: F401
+                     table_path)
+from .communicator import VERSION
 
-__all__ = ["Cost", "choose_algorithm", "predict_us"]
+__all__ = ["CANDIDATES", "TableError", "choose_algorithm", "choose_for", "clear_cache",
+           "default_table", "predict_all", "predict_us", "table_for"]
 
 CANDIDATES = ("oneshot", "twoshot", "psum")
 
-
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    latency_us: float  # fixed cost of one call
-    us_per_mb: float  # incremental cost per MiB of message
-
-    def predict(self, nbytes: int) -> float:
-        return self.latency_us + self.us_per_mb * nbytes / (1 << 20)
-
-
-# Defaults until `python -m jax_ar tune` measures the machine. CPU figures are
-# shared-memory copies; psum on CPU goes through gloo over TCP and is far
-# slower, so it only serves where jax_ar cannot.
-_DEFAULTS = {
-    "cpu": {
-        "oneshot": lambda n: Cost(20.0 + 5.0 * n, 150.0 * n),
-        "twoshot": lambda n: Cost(40.0 + 10.0 * n, 300.0 + 40.0 * n),
-        "psum": lambda n: Cost(500.0 + 100.0 * n, 2000.0),
-    },
-    # NVLink H100/H200: one-shot reads every peer's whole message (n-1 copies
-    # over NVLink), two-shot moves 2(n-1)/n of it; NCCL's ring matches
-    # two-shot's traffic with a higher fixed cost.
-    "gpu": {
-        "oneshot": lambda n: Cost(5.0, 2.5 * (n - 1)),
-        "twoshot": lambda n: Cost(9.0, 2.5 * 2 * (n - 1) / n + 1.0),
-        "psum": lambda n: Cost(18.0, 2.5 * 2 * (n - 1) / n),
-    },
-}
+# --- Shipped defaults -------------------------------------------------------
+# GPU: H100/H200 SXM over NVLink 4 (both 900 GB/s per GPU in total, 450 GB/s
+# each way). Published figures (docs/benchmarks.md cites them) until `tune`
+# measures the machine: NCCL all-reduce reaches ~370-450 GB/s bus bandwidth
+# at 8 GPUs and costs ~17-20 us for small messages; one-shot custom kernels
+# (TensorRT-LLM, vLLM) ~5-6 us. Traffic per rank: one-shot sends its whole
+# message to n-1 peers; two-shot and NCCL's ring send 2(n-1)/n of it; both
+# jax_ar kernels also read the n slots from local HBM (~3 TB/s effective).
+_NVLINK_GBPS = 370.0
+_HBM_GBPS = 3000.0
 
 
-def predict_us(platform: str, world: int, algorithm: str, nbytes: int) -> float:
-    table = _DEFAULTS.get(platform, _DEFAULTS["gpu"])
-    return table[algorithm](world).predict(nbytes)
+def _gpu_defaults(n: int) -> dict:
+    per_mb = lambda gbps: 1000.0 / gbps  # us per 1e6 bytes at `gbps` GB/s
+    return {
+        "oneshot": CostCurve.linear(4.0 + 0.2 * n,
+                                    (n - 1) * per_mb(_NVLINK_GBPS) + n * per_mb(_HBM_GBPS)),
+        "twoshot": CostCurve.linear(8.0 + 0.4 * n,
+                                    2 * (n - 1) / n * per_mb(_NVLINK_GBPS) + 2 * per_mb(_HBM_GBPS)),
+        "psum": CostCurve.linear(8.0 + 1.2 * n, 2 * (n - 1) / n * per_mb(_NVLINK_GBPS)),
+    }
 
 
-def choose_algorithm(platform: str, world: int, nbytes: int) -> str:
-    """The candidate with the lowest predicted time (ties go to the earlier)."""
-    predictions = {a: predict_us(platform, world, a, nbytes) for a in CANDIDATES}
+# CPU devices: ranks are processes copying through POSIX shared memory; psum
+# goes through gloo over localhost TCP and never wins. Set from
+# `python -m jax_ar bench` runs of 2 ranks on a 2-core x86 VM
+# (docs/benchmarks.md); the growth with the world size is a guess.
+def _cpu_defaults(n: int) -> dict:
+    return {
+        "oneshot": CostCurve.linear(10.0 + 5.0 * n, 450.0 * n),
+        "twoshot": CostCurve.linear(15.0 + 5.0 * n, 350.0 * n),
+        "psum": CostCurve.linear(250.0 + 100.0 * n, 600.0 * n),
+    }
+
+
+_DEFAULTS = {"cpu": (_cpu_defaults, "CPU shared memory"),
+             "gpu": (_gpu_defaults, "H100/H200 NVLink, published figures")}
+
+
+def default_table(platform: str, device_kind: str, world: int) -> Table:
+    make, label = _DEFAULTS.get(platform, _DEFAULTS["gpu"])
+    return Table(platform, device_kind, world, make(world), f"defaults ({label})")
+
+
+# --- Which table ------------------------------------------------------------
+_lock = threading.Lock()
+_tables: dict = {}
+
+
+def table_for(platform: str, device_kind: str | None, world: int) -> Table:
+    """The table serving this key (loaded once per process and key).
+    Raises TableError for a bad file; a bad file is never skipped."""
+    override = os.environ.get(TABLE_ENV, "").strip()
+    key = (platform, device_kind, world, override)
+    with _lock:
+        if key in _tables:
+            return _tables[key]
+    kind = device_kind or platform
+    if override.lower() == "default":
+        table = default_table(platform, kind, world)
+    elif override:
+        table = load_table(override, platform, kind, world, VERSION)
+    else:
+        path = table_path(platform, kind, world)
+        if os.path.exists(path):
+            table = load_table(path, platform, kind, world, VERSION)
+        else:
+            table = default_table(platform, kind, world)
+    with _lock:
+        _tables[key] = table
+    return table
+
+
+def clear_cache() -> None:
+    """Forgets loaded tables (after `tune` wrote one, or in tests)."""
+    with _lock:
+        _tables.clear()
+
+
+# --- Prediction and choice --------------------------------------------------
+def predict_us(table: Table, algorithm: str, nbytes: int, capacity: int | None = None) -> float:
+    """Predicted time of an all-reduce of `nbytes`: one round, or full rounds
+    of `capacity` bytes plus one for the rest (jax_ar's kernels; psum has no
+    workspace limit)."""
+    if algorithm == "psum" or capacity is None or nbytes <= capacity:
+        return table.round_us(algorithm, nbytes)
+    full, rest = divmod(nbytes, capacity)
+    return full * table.round_us(algorithm, capacity) + (table.round_us(algorithm, rest)
+                                                         if rest else 0.0)
+
+
+def predict_all(table: Table, nbytes: int,
+                capacity_bytes: Callable[[str], int] | None = None) -> dict:
+    return {a: predict_us(table, a, nbytes, capacity_bytes(a) if capacity_bytes and a != "psum"
+                          else None)
+            for a in CANDIDATES}
+
+
+def choose_algorithm(platform: str, world: int, nbytes: int, *, device_kind: str | None = None,
+                     capacity_bytes: Callable[[str], int] | None = None) -> str:
+    """The candidate with the lowest predicted time (ties go to the earlier
+    one in CANDIDATES). `capacity_bytes(algorithm)` is what one round
+    carries (Communicator.capacity_bytes); None means unlimited."""
+    table = table_for(platform, device_kind, world)
+    predictions = predict_all(table, nbytes, capacity_bytes)
     best = min(CANDIDATES, key=lambda a: predictions[a])
-    size_class = max(0, nbytes - 1).bit_length()
+    size_class = max(0, nbytes - 1).bit_length()  # log once per power-of-two class
     config.log_once(
-        ("choice", platform, world, size_class, best),
-        f"jax_ar: {nbytes} bytes over {world} {platform} ranks -> {best} (predicted "
-        + ", ".join(f"{a} {t:.1f} us" for a, t in predictions.items()) + ")")
+        ("choice", platform, device_kind, world, size_class, best, table.source),
+        f"jax_ar: {nbytes} bytes over {world} {device_kind or platform} ranks -> {best} "
+        f"(predicted " + ", ".join(f"{a} {t:.1f} us" for a, t in predictions.items())
+        + f"; table: {table.source})")
     return best
+
+
+def choose_for(comm, nbytes: int) -> str:
+    """choose_algorithm for a message of `nbytes` over communicator `comm`
+    (its platform, world size, device kind and workspace rounds)."""
+    return choose_algorithm(comm.platform, comm.world_size, nbytes,
+                            device_kind=comm.groups[0][0].device_kind,
+                            capacity_bytes=comm.capacity_bytes)

@@ -1,0 +1,192 @@
+"""The algorithm table: cost curves per algorithm, its JSON file, and where it lives.
+
+A table serves one (platform, device kind, world size). Each algorithm has a
+cost curve for one protocol round: piecewise-linear segments, each valid up
+to some message size, predicting latency_us + us_per_mb * bytes / 1e6.
+`python -m jax_ar tune` measures and writes one; selection.py reads it.
+
+Lookup order for a communicator: the file named by JAX_AR_TABLE (or the
+shipped defaults when JAX_AR_TABLE=default), else the tuned file in the cache
+directory ($XDG_CACHE_HOME/jax_ar or ~/.cache/jax_ar) named after the key,
+else the shipped defaults. A file that is malformed or describes another
+key (device kind, world size, jax_ar version, schema) raises TableError
+naming the file; it is never used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+
+__all__ = [
+    "ALGORITHMS",
+    "CostCurve",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "Segment",
+    "Table",
+    "TableError",
+    "cache_dir",
+    "load_table",
+    "table_path",
+    "table_to_json",
+]
+
+SCHEMA = "jax_ar.algorithm_table"
+SCHEMA_VERSION = 1
+ALGORITHMS = ("oneshot", "twoshot", "psum")
+TABLE_ENV = "JAX_AR_TABLE"
+
+
+class TableError(ValueError):
+    """An algorithm table file that cannot be used (says which and why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Cost of one round of up to `up_to_bytes` bytes (None: no upper end):
+    latency_us + us_per_mb * bytes / 1e6. latency_us is the segment's
+    intercept; within its range the prediction is what counts."""
+    up_to_bytes: int | None
+    latency_us: float
+    us_per_mb: float
+
+    def predict(self, nbytes: int) -> float:
+        return self.latency_us + self.us_per_mb * nbytes / 1e6
+
+
+@dataclasses.dataclass(frozen=True)
+class CostCurve:
+    """Predicted time of one protocol round as a function of its size."""
+    segments: tuple[Segment, ...]
+
+    def predict(self, nbytes: int) -> float:
+        for segment in self.segments:
+            if segment.up_to_bytes is None or nbytes <= segment.up_to_bytes:
+                return segment.predict(nbytes)
+        return self.segments[-1].predict(nbytes)
+
+    @classmethod
+    def linear(cls, latency_us: float, us_per_mb: float) -> "CostCurve":
+        return cls((Segment(None, float(latency_us), float(us_per_mb)),))
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    platform: str
+    device_kind: str
+    world_size: int
+    curves: dict  # algorithm -> CostCurve
+    source: str  # "defaults (...)" or the file it came from
+
+    def round_us(self, algorithm: str, nbytes: int) -> float:
+        return self.curves[algorithm].predict(nbytes)
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "jax_ar")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def table_path(platform: str, device_kind: str, world_size: int) -> str:
+    """Where `tune` writes, and lookups find, the table of this key."""
+    return os.path.join(cache_dir(),
+                        f"table-{_slug(platform)}-{_slug(device_kind)}-n{int(world_size)}.json")
+
+
+def table_to_json(table: Table, version: str, extra: dict | None = None) -> dict:
+    """The file form of `table`; `extra` (machine, date, measurements) is
+    kept for people and ignored when loading."""
+    doc = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "jax_ar_version": version,
+        "platform": table.platform,
+        "device_kind": table.device_kind,
+        "world_size": table.world_size,
+        "algorithms": {
+            name: [{"up_to_bytes": s.up_to_bytes, "latency_us": round(s.latency_us, 4),
+                    "us_per_mb": round(s.us_per_mb, 4)} for s in curve.segments]
+            for name, curve in table.curves.items()
+        },
+    }
+    doc.update(extra or {})
+    return doc
+
+
+def load_table(path: str, platform: str, device_kind: str, world_size: int,
+               version: str) -> Table:
+    """Reads and checks the table at `path` for the given key."""
+    def reject(why):
+        raise TableError(f"jax_ar: algorithm table {path} {why}; run `python -m jax_ar tune` "
+                         f"to measure this machine, or unset {TABLE_ENV} / delete the file to "
+                         "use the defaults")
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        reject("does not exist")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        reject(f"cannot be read as JSON ({e})")
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        reject(f"is not a jax_ar algorithm table (schema {_get(doc, 'schema')!r}, "
+               f"expected {SCHEMA!r})")
+    expected = {"schema_version": SCHEMA_VERSION, "jax_ar_version": version,
+                "platform": platform, "device_kind": device_kind, "world_size": world_size}
+    for field, want in expected.items():
+        if doc.get(field) != want:
+            reject(f"was made for {field}={doc.get(field)!r}, but this run has "
+                   f"{field}={want!r}")
+    algorithms = doc.get("algorithms")
+    if not isinstance(algorithms, dict) or set(algorithms) != set(ALGORITHMS):
+        reject(f"must give cost curves for exactly {list(ALGORITHMS)}, has "
+               f"{sorted(algorithms) if isinstance(algorithms, dict) else algorithms!r}")
+    curves = {}
+    for name in ALGORITHMS:
+        try:
+            curves[name] = _parse_curve(algorithms[name])
+        except (TypeError, ValueError) as e:
+            reject(f"has a malformed cost curve for {name!r}: {e}")
+    return Table(platform, device_kind, world_size, curves, path)
+
+
+def _get(doc, key):
+    return doc.get(key) if isinstance(doc, dict) else type(doc).__name__
+
+
+def _parse_curve(entries) -> CostCurve:
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("expected a non-empty list of segments")
+    segments, previous = [], 0
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or set(entry) != {"up_to_bytes", "latency_us", "us_per_mb"}:
+            raise ValueError(f"segment {i} must have exactly up_to_bytes, latency_us, us_per_mb")
+        up_to = entry["up_to_bytes"]
+        last = i == len(entries) - 1
+        if last and up_to is not None:
+            raise ValueError("the last segment must have up_to_bytes null (no upper end)")
+        if not last and (isinstance(up_to, bool) or not isinstance(up_to, int) or up_to <= previous):
+            raise ValueError(f"segment {i}: up_to_bytes must be an integer above {previous}, "
+                             f"got {up_to!r}")
+        values = []
+        for field in ("latency_us", "us_per_mb"):
+            v = entry[field]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"segment {i}: {field} must be a finite number, got {v!r}")
+            values.append(float(v))
+        if values[1] < 0:
+            raise ValueError(f"segment {i}: us_per_mb must not be negative, got {values[1]}")
+        segment = Segment(up_to, *values)
+        # A round never costs less than nothing, at either end of its range.
+        if segment.predict(previous) < 0 or (up_to is not None and segment.predict(up_to) < 0):
+            raise ValueError(f"segment {i} predicts a negative time")
+        segments.append(segment)
+        previous = up_to if up_to is not None else previous
+    return CostCurve(tuple(segments))

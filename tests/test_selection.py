@@ -1,0 +1,184 @@
+"""Algorithm selection: the cost model, tables on disk, tune's fit, overrides.
+
+The first tests are pure Python (no devices); test_overrides_and_logging
+traces real all_reduce calls in one process with CPU devices.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from multiprocess import ON_GPU, run_ranks
+
+from jax_ar import _table, selection
+from jax_ar.communicator import VERSION
+from jax_ar.tune import fit_curve
+
+SIZES = [1 << k for k in range(0, 31)]  # 1 B .. 1 GiB
+
+
+@pytest.fixture(autouse=True)
+def isolated_tables(tmp_path, monkeypatch):
+    """No user table leaks in: an empty cache directory, no JAX_AR_TABLE."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("JAX_AR_TABLE", raising=False)
+    selection.clear_cache()
+    yield
+    selection.clear_cache()
+
+
+def capacity_of(world, workspace=64 << 20):
+    half = (workspace - (64 << 10)) // 2 // 16 * 16
+    return lambda a: half // world // 16 * 16 if a == "oneshot" else \
+        half // (2 * world) // 16 * 16 * world
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+@pytest.mark.parametrize("world", [2, 3, 4, 8, 16])
+def test_predictions_monotone_and_choice_deterministic(platform, world):
+    table = selection.table_for(platform, None, world)
+    assert table.source.startswith("defaults")
+    for capacity in (None, capacity_of(world)):
+        previous = {a: 0.0 for a in selection.CANDIDATES}
+        for size in SIZES:
+            predicted = selection.predict_all(table, size, capacity)
+            for a, t in predicted.items():
+                assert t >= previous[a] - 1e-9, (a, size, t, previous[a])
+            previous = predicted
+        choices = [selection.choose_algorithm(platform, world, s, capacity_bytes=capacity)
+                   for s in SIZES]
+        selection.clear_cache()
+        again = [selection.choose_algorithm(platform, world, s, capacity_bytes=capacity)
+                 for s in SIZES]
+        assert choices == again
+    # Without workspace limits the GPU defaults move one way only:
+    # oneshot for small messages, then twoshot, then NCCL.
+    if platform == "gpu":
+        order = {"oneshot": 0, "twoshot": 1, "psum": 2}
+        picks = [order[selection.choose_algorithm("gpu", world, s)] for s in SIZES]
+        assert picks == sorted(picks), picks
+        assert picks[0] == 0 and picks[-1] == 2
+
+
+def test_rounds_are_predicted_as_full_rounds_plus_the_rest():
+    table = selection.default_table("gpu", "NVIDIA H200", 8)
+    cap = 1 << 20
+    one = table.round_us("oneshot", cap)
+    assert selection.predict_us(table, "oneshot", 3 * cap + 16, cap) == pytest.approx(
+        3 * one + table.round_us("oneshot", 16))
+    assert selection.predict_us(table, "oneshot", 2 * cap, cap) == pytest.approx(2 * one)
+    # psum has no workspace: never rounds.
+    assert selection.predict_us(table, "psum", 3 * cap, cap) == table.round_us("psum", 3 * cap)
+
+
+def write(path, doc):
+    path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    return str(path)
+
+
+def valid_doc(platform="cpu", kind="cpu", world=2, **changes):
+    table = selection.default_table(platform, kind, world)
+    doc = _table.table_to_json(table, VERSION, {"note": "kept, ignored"})
+    doc.update(changes)
+    return doc
+
+
+def test_table_round_trip_and_lookup_order(tmp_path, monkeypatch):
+    # A table that makes psum the cheapest at every size.
+    doc = valid_doc()
+    doc["algorithms"]["psum"] = [{"up_to_bytes": None, "latency_us": 0.0, "us_per_mb": 0.0}]
+    cache_file = _table.table_path("cpu", "cpu", 2)
+    os.makedirs(os.path.dirname(cache_file))
+    write(type(tmp_path)(cache_file), doc)
+    assert selection.table_for("cpu", "cpu", 2).source == cache_file
+    assert selection.choose_algorithm("cpu", 2, 4096, device_kind="cpu") == "psum"
+    # Another world size has no file: defaults.
+    assert selection.table_for("cpu", "cpu", 4).source.startswith("defaults")
+    # JAX_AR_TABLE names a file, or forces the defaults over the cache.
+    doc["algorithms"]["psum"] = [{"up_to_bytes": None, "latency_us": 1e9, "us_per_mb": 0.0}]
+    other = write(tmp_path / "mine.json", doc)
+    monkeypatch.setenv("JAX_AR_TABLE", other)
+    assert selection.table_for("cpu", "cpu", 2).source == other
+    assert selection.choose_algorithm("cpu", 2, 4096, device_kind="cpu") != "psum"
+    monkeypatch.setenv("JAX_AR_TABLE", "default")
+    assert selection.table_for("cpu", "cpu", 2).source.startswith("defaults")
+
+
+def bad_segments(**segment):
+    doc = valid_doc()
+    doc["algorithms"]["twoshot"] = segment.pop("curve")
+    return doc
+
+
+BAD_TABLES = {
+    "not json": ("{not json", "cannot be read as JSON"),
+    "not a table": ({"hello": 1}, "not a jax_ar algorithm table"),
+    "schema version": (valid_doc(schema_version=99), "schema_version=99"),
+    "jax_ar version": (valid_doc(jax_ar_version="0.0.1"), "jax_ar_version='0.0.1'"),
+    "device kind": (valid_doc(device_kind="NVIDIA H100 80GB HBM3"), "device_kind="),
+    "world size": (valid_doc(world_size=8), "world_size=8"),
+    "platform": (valid_doc(platform="gpu"), "platform='gpu'"),
+    "missing algorithm": ({**valid_doc(), "algorithms": {"oneshot": [], "psum": []}},
+                         "exactly ['oneshot', 'twoshot', 'psum']"),
+    "negative slope": (bad_segments(curve=[
+        {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": -1.0}]), "must not be negative"),
+    "open middle": (bad_segments(curve=[
+        {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": 1.0},
+        {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": 1.0}]), "must be an integer"),
+    "closed end": (bad_segments(curve=[
+        {"up_to_bytes": 100, "latency_us": 1.0, "us_per_mb": 1.0}]), "up_to_bytes null"),
+    "decreasing ends": (bad_segments(curve=[
+        {"up_to_bytes": 100, "latency_us": 1.0, "us_per_mb": 1.0},
+        {"up_to_bytes": 50, "latency_us": 1.0, "us_per_mb": 1.0},
+        {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": 1.0}]), "above 100"),
+    "nan": (bad_segments(curve=[
+        {"up_to_bytes": None, "latency_us": float("nan"), "us_per_mb": 1.0}]), "finite"),
+    "negative time": (bad_segments(curve=[
+        {"up_to_bytes": None, "latency_us": -5.0, "us_per_mb": 1.0}]), "negative time"),
+    "extra field": (bad_segments(curve=[
+        {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": 1.0, "x": 1}]), "exactly"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES))
+def test_bad_table_is_rejected_naming_the_file(case, tmp_path, monkeypatch):
+    doc, message = BAD_TABLES[case]
+    path = write(tmp_path / "table.json", doc)
+    monkeypatch.setenv("JAX_AR_TABLE", path)
+    with pytest.raises(_table.TableError) as info:
+        selection.choose_algorithm("cpu", 2, 1024, device_kind="cpu")
+    assert path in str(info.value) and message in str(info.value), str(info.value)
+    # Never silently replaced by the defaults on a later call either.
+    with pytest.raises(_table.TableError):
+        selection.table_for("cpu", "cpu", 2)
+
+
+def test_missing_table_file_is_an_error(tmp_path, monkeypatch):
+    path = str(tmp_path / "nowhere.json")
+    monkeypatch.setenv("JAX_AR_TABLE", path)
+    with pytest.raises(_table.TableError, match="does not exist"):
+        selection.table_for("cpu", "cpu", 2)
+
+
+def test_fit_is_monotone_and_close_on_noisy_measurements():
+    rng = np.random.default_rng(0)
+    sizes = [1024 << k for k in range(19)]
+    for latency, gbps in ((5.5, 50.0), (20.0, 300.0)):
+        truth = [max(latency, 2.0 + s / (gbps * 1e3)) for s in sizes]
+        measured = [t * (1 + 0.1 * rng.standard_normal()) for t in truth]
+        measured[3] *= 5  # one sample disturbed by the OS
+        curve = fit_curve(list(zip(sizes, measured)))
+        predicted = [curve.predict(s) for s in [1] + sizes + [sizes[-1] * 4]]
+        assert all(b >= a for a, b in zip(predicted, predicted[1:])), predicted
+        errors = [abs(curve.predict(s) - t) / t for s, t in zip(sizes, truth)]
+        assert np.median(errors) < 0.1 and max(errors) < 0.5, errors
+        # What tune writes is what load_table accepts.
+        _table._parse_curve([{"up_to_bytes": s.up_to_bytes, "latency_us": s.latency_us,
+                              "us_per_mb": s.us_per_mb} for s in curve.segments])
+
+
+def test_overrides_and_logging():
+    if ON_GPU:
+        pytest.skip("the tracing checks run on CPU devices")
+    run_ranks("bench_selection_worker.py", processes=1, devices_per_process=2, timeout_s=300)
