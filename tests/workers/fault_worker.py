@@ -9,7 +9,8 @@ disagree        calls that differ in size, dtype, op, algorithm, number of
                 and check() fail at once; close() + setup() then gives exact
                 results on new data
 skip            odd skips a call and then (a) makes a different call, (b)
-                waits, (c) closes: the others fail at once (a, c) or at the
+                waits (all_reduce, and all_reduce_rms_norm when it exists),
+                (c) closes: the others fail at once (a, c) or at the
                 deadline (b); odd's later call fails at once; recovery
 setup_disagree  different workspace_bytes, a different library version, a
                 process that skips setup (and arrives later): errors naming
@@ -143,29 +144,10 @@ def scenario_skip(mesh):
 
     # (b) odd skips the call and waits: the others time out at the deadline,
     # naming themselves and odd; odd learns of it (check(), its next call).
-    comm = setup(mesh)
-    jax.block_until_ready(f(xs))
-    if odd and ON_GPU:  # peers' failures reach a GPU rank through its next launch
-        time.sleep(DEADLINE_S + PROMPT_S)
-        expect_failure(comm, lambda: f(xs), "skip/wait: the skipping rank's next call")
-    elif odd:
-        give_up = time.monotonic() + DEADLINE_S + 10
-        while time.monotonic() < give_up:
-            try:
-                comm.check()
-            except jax_ar.JaxArError as e:
-                assert "timed out" in str(e) and f"rank {odd_rank}" in str(e), e
-                log(f"skip/wait: check() reports: {str(e)[:200]}")
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("skip/wait: the peers' failure never reached the skipping rank")
-        expect_failure(comm, lambda: f(xs), "skip/wait: the skipping rank's next call")
-    else:
-        expect_failure(comm, lambda: f(xs), "skip/wait",
-                       must_name=(f"rank {rank_of(mesh, me())}", f"rank {odd_rank}", "timed out"),
-                       within_s=DEADLINE_S + PROMPT_S, at_least_s=DEADLINE_S * 0.9)
-    comm.close()
+    skip_and_wait(mesh, f, (xs,), "all_reduce")
+    if hasattr(jax_ar, "all_reduce_rms_norm"):
+        norm, norm_args = _norm_or_reduce(mesh, odd=False)
+        skip_and_wait(mesh, norm, norm_args, "all_reduce_rms_norm")
 
     # (c) odd skips the call and closes: the others stop at once (CPU) and
     # odd's close() logs that a peer started a call it never made.
@@ -190,6 +172,36 @@ def scenario_skip(mesh):
     fresh = setup(mesh)
     check_fresh_results(mesh, 7, "skip: after close() + setup()")
     fresh.close()
+
+
+def skip_and_wait(mesh, fn, args, operation):
+    odd = me() == last_process()
+    odd_rank = rank_of(mesh, last_process())
+    what = f"skip/wait/{operation}"
+    comm = setup(mesh)
+    jax.block_until_ready(fn(*args))
+    if odd and ON_GPU:  # peers' failures reach a GPU rank through its next launch
+        time.sleep(DEADLINE_S + PROMPT_S)
+        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call")
+    elif odd:
+        give_up = time.monotonic() + DEADLINE_S + 10
+        while time.monotonic() < give_up:
+            try:
+                comm.check()
+            except jax_ar.JaxArError as e:
+                assert "timed out" in str(e) and f"rank {odd_rank}" in str(e), e
+                log(f"{what}: check() reports: {str(e)[:200]}")
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"{what}: the peers' failure never reached the skipping rank")
+        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call")
+    else:
+        names = (f"rank {rank_of(mesh, me())}", f"rank {odd_rank}", "timed out")
+        expect_failure(comm, lambda: fn(*args), what,
+                       must_name=names + (() if ON_GPU else (operation,)),
+                       within_s=DEADLINE_S + PROMPT_S, at_least_s=DEADLINE_S * 0.9)
+    comm.close()
 
 
 def _capture_jax_ar_errors():
