@@ -51,6 +51,18 @@ def report_failure(error: BaseException) -> None:
         pass
 
 
+def _fail_if_calls_were_skipped() -> None:
+    """A script that ends while a peer waits in a call it never made has
+    diverged from its peers (it skipped a call, or they made an extra one):
+    that rank fails too, rather than exit 0 while its peers fail."""
+    from jax_ar import communicator
+    from jax_ar.errors import JaxArError
+
+    skipped = communicator.close_all()
+    if skipped:
+        raise JaxArError("jax_ar: " + "; ".join(skipped))
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m jax_ar._bootstrap SCRIPT [ARGS...]")
@@ -70,14 +82,22 @@ def main() -> None:
     except SystemExit as e:
         if e.code not in (None, 0):
             report_failure(e)
-        raise
+            raise
     except BaseException as e:
-        # The traceback goes out before the report: the launcher may stop
-        # this process soon after it.
-        traceback.print_exc()
-        sys.stderr.flush()
-        report_failure(e)
-        sys.exit(1)
+        _fail(e)
+    try:
+        _fail_if_calls_were_skipped()
+    except BaseException as e:
+        _fail(e)
+
+
+def _fail(error: BaseException) -> None:
+    # The traceback goes out before the report: the launcher may stop this
+    # process soon after it.
+    traceback.print_exception(error)
+    sys.stderr.flush()
+    report_failure(error)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -95,13 +95,16 @@ class Communicator:
         against whatever communicator is set up then. Never raises; if a peer
         has started a call that this process never made, that is logged as
         an error (the peer's call fails)."""
+        self._close(linger_s=0.0)
+
+    def _close(self, linger_s: float) -> list[str]:
         diverged = []
         with _lock:
             if self._closed:
-                return
+                return diverged
             self._closed = True
             if self._backend is not None:
-                diverged = self._backend.close(self.comm_id) or []
+                diverged = self._backend.close(self.comm_id, linger_s) or []
             for key, comm in list(_open.items()):
                 if comm is self:
                     del _open[key]
@@ -109,6 +112,7 @@ class Communicator:
             config.logger.error("jax_ar: %s", text)
         if self._backend is not None:
             jax.clear_caches()
+        return diverged
 
     def __enter__(self):
         return self
@@ -341,10 +345,20 @@ def _establish(comm, backend, exchange, me, label, describe):
         comm._backend = None
 
 
-@atexit.register
-def _close_all() -> None:
+def close_all() -> list[str]:
+    """Closes every open communicator at the end of the program; returns the
+    calls that peers made and this process did not (the launcher fails a
+    rank whose script ends with any). Each close waits up to the
+    communicator's deadline for its peers to close too, so that such calls
+    are seen for certain (in a job of several processes, jax.distributed's
+    shutdown waits for every peer anyway)."""
+    skipped = []
     for comm in open_communicators():
         try:
-            comm.close()
+            skipped += comm._close(linger_s=comm.timeout_s)
         except Exception:  # exit must go on; the OS reclaims what is left
             pass
+    return skipped
+
+
+atexit.register(close_all)

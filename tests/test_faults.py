@@ -56,6 +56,21 @@ def test_skipped_call():
     assert_ranks_checked(result, "skip", range(2))
 
 
+def test_rank_that_skips_its_last_call_and_ends():
+    """Both ranks end in errors naming jax_ar: the waiting one at once, the
+    skipping one when its script ends (it closes, sees that its peer
+    started a call it never made)."""
+    start = time.monotonic()
+    result = run_fault("skip_and_end", expect_ok=False, env={"FAULT_DEADLINE_S": "default"})
+    took = time.monotonic() - start
+    assert_ranks_checked(result, "skip_and_end", range(2))
+    failed = dict(result.failures)
+    assert "jax_ar" in failed.get(0, ""), format_failure(result)
+    if not ON_GPU:  # the host backend sees the skipped call when odd closes
+        assert "jax_ar" in failed.get(1, "") and "skipped" in failed[1], format_failure(result)
+        assert took < 30, f"the job took {took:.1f} s"
+
+
 def test_disagreeing_setups():
     result = run_fault("setup_disagree")
     assert_ranks_checked(result, "setup_disagree", range(2))

@@ -431,26 +431,42 @@ std::string CommunicatorFailure(RankState& state) {
                                        " is unusable because " + failed;
 }
 
-std::vector<std::string> CloseRank(RankState& state) {
+void MarkClosed(RankState& state) {
   std::lock_guard<std::mutex> lock(state.call_mutex);
-  std::vector<std::string> diverged;
-  const uint64_t mine = state.control(state.rank).epoch;
-  if (state.Failure().empty()) {
-    for (int peer = 0; peer < state.world; ++peer) {
-      if (peer == state.rank || HealthOf(state, peer) == RankHealth::kFailed) continue;
-      const uint64_t theirs = LoadAcquire(state.control(peer).epoch);
-      if (theirs <= mine) continue;
-      diverged.push_back("rank " + std::to_string(state.rank) + " of " + state.label +
-                         " closes after " + std::to_string(mine) + " exchanges while rank " +
-                         std::to_string(peer) + " has started exchange " + std::to_string(theirs) +
-                         ": the ranks made different calls (this rank skipped one, "
-                         "or rank " + std::to_string(peer) + " made an extra one), so that "
-                         "exchange of rank " + std::to_string(peer) + " fails");
-    }
-  }
   uint32_t& health = StatusOf(state, state.rank).health;
   if (LoadAcquire(health) == static_cast<uint32_t>(RankHealth::kActive)) {
     StoreRelease(health, static_cast<uint32_t>(RankHealth::kClosed));
+  }
+}
+
+std::vector<std::string> CallsNeverMade(RankState& state, double linger_s) {
+  std::vector<std::string> diverged;
+  if (!state.Failure().empty()) return diverged;  // the failure says what went wrong
+  // A peer still active may yet start a call this rank will never make
+  // (its call then fails at once: this rank is closed); wait a while to see.
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(linger_s));
+  auto all_peers_done = [&] {
+    for (int peer = 0; peer < state.world; ++peer) {
+      if (peer != state.rank && HealthOf(state, peer) == RankHealth::kActive) return false;
+    }
+    return true;
+  };
+  while (linger_s > 0 && !all_peers_done() && Clock::now() < until) {
+    timespec nap{0, 1'000'000};
+    nanosleep(&nap, nullptr);
+  }
+  const uint64_t mine = state.control(state.rank).epoch;
+  for (int peer = 0; peer < state.world; ++peer) {
+    if (peer == state.rank) continue;
+    const uint64_t theirs = LoadAcquire(state.control(peer).epoch);
+    if (theirs <= mine) continue;
+    diverged.push_back("rank " + std::to_string(state.rank) + " of " + state.label +
+                       " closed after " + std::to_string(mine) + " exchanges, but rank " +
+                       std::to_string(peer) + " started exchange " + std::to_string(theirs) +
+                       ": the ranks made different calls (this rank skipped one, or rank " +
+                       std::to_string(peer) + " made an extra one), and that exchange of rank " +
+                       std::to_string(peer) + " failed");
   }
   return diverged;
 }

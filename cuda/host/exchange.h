@@ -101,10 +101,15 @@ void InitControlBlock(std::byte* workspace);
 std::string CommunicatorFailure(RankState& state);
 
 // Waits for a call running on this rank to end, then marks the rank closed
-// so that peers waiting for it stop at once. Returns one message for each
-// peer that has started a call this rank never made (the ranks made
-// different numbers of calls; that peer's call will fail).
-std::vector<std::string> CloseRank(RankState& state);
+// so that peers waiting for it stop at once.
+void MarkClosed(RankState& state);
+
+// After MarkClosed (of every rank of this process): waits up to `linger_s`
+// for every peer to close or fail, then returns one message for each peer
+// that started a call this rank never made (the ranks made different calls;
+// that call of the peer fails). Lingering makes the report certain at
+// process exit, where every rank ends up waiting for its peers anyway.
+std::vector<std::string> CallsNeverMade(RankState& state, double linger_s);
 
 // Builds the segments of a handler's operands; checks dtypes and sizes.
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,

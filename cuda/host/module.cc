@@ -115,15 +115,18 @@ NB_MODULE(_jax_ar_host, m) {
         nb::arg("label"));
 
   m.def("close_comm",
-        [](uint64_t comm_id) {
+        [](uint64_t comm_id, double linger_s) {
           auto states = Registry<RankState>::Instance().Remove(comm_id);
           std::vector<std::string> diverged;
           {
             // Waits for calls running on these ranks (at most their deadline)
             // before telling the peers that the ranks are gone.
             nb::gil_scoped_release release;
+            for (auto& state : states) MarkClosed(*state);
             for (auto& state : states) {
-              for (std::string& text : CloseRank(*state)) diverged.push_back(std::move(text));
+              for (std::string& text : CallsNeverMade(*state, linger_s)) {
+                diverged.push_back(std::move(text));
+              }
             }
             // Mappings go with the last reference to the rank states.
             states.clear();
@@ -132,9 +135,10 @@ NB_MODULE(_jax_ar_host, m) {
           resources_by_comm.erase(comm_id);
           return diverged;
         },
-        nb::arg("comm_id"),
+        nb::arg("comm_id"), nb::arg("linger_s") = 0.0,
         "Closes this process's ranks of the communicator; returns a message for each peer "
-        "that started a call these ranks never made.");
+        "that started a call these ranks never made (waiting up to linger_s for peers to "
+        "close or fail, to be sure).");
 
   m.def("failure",
         [](uint64_t comm_id, int device_ordinal) -> std::string {

@@ -12,6 +12,8 @@ skip            odd skips a call and then (a) makes a different call, (b)
                 waits (all_reduce, and all_reduce_rms_norm when it exists),
                 (c) closes: the others fail at once (a, c) or at the
                 deadline (b); odd's later call fails at once; recovery
+skip_and_end    odd skips the last call and its script ends: every rank
+                fails (odd through the launcher's end-of-script check)
 setup_disagree  different workspace_bytes, a different library version, a
                 process that skips setup (and arrives later): errors naming
                 the processes; setup then works again
@@ -213,6 +215,23 @@ def _capture_jax_ar_errors():
 
     logging.getLogger("jax_ar").addHandler(Keep(logging.ERROR))
     return records
+
+
+def scenario_skip_and_end(mesh):
+    """odd skips the last call and its script ends: the others fail at once
+    (CPU) naming it, and odd fails too (the launcher's end-of-script check:
+    a peer made a call it never made)."""
+    comm = setup(mesh, timeout_s=DEADLINE_S if ON_GPU else 30.0)
+    _, xs = sharded(mesh, 4)
+    f = reducer(mesh)
+    jax.block_until_ready(f(xs))
+    if me() == last_process():
+        log("fault-check ok: skip_and_end (ending without the last call)")
+        return
+    error = expect_failure(comm, lambda: f(xs), "skip_and_end",
+                           must_name=(f"rank {rank_of(mesh, last_process())}",),
+                           within_s=DEADLINE_S + PROMPT_S if ON_GPU else PROMPT_S)
+    stop_like_a_program(error, "skip_and_end")
 
 
 def scenario_setup_disagree(mesh):
