@@ -7,9 +7,11 @@ import pkgutil as _pkgutil
 # the compiled modules be found in the installed copy.
 __path__ = _pkgutil.extend_path(__path__, __name__)
 
+from .all_gather import all_gather  # noqa: E402
 from .all_reduce import all_reduce  # noqa: E402
 from .communicator import Communicator, setup  # noqa: E402
 from .errors import JaxArError, JaxArTimeoutError  # noqa: E402
+from .reduce_scatter import reduce_scatter  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -17,6 +19,8 @@ __all__ = [
     "Communicator",
     "JaxArError",
     "JaxArTimeoutError",
+    "all_gather",
     "all_reduce",
+    "reduce_scatter",
     "setup",
 ]

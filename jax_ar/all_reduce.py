@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, config, selection
+from . import _call_order, _compat, config, selection
 from ._native import ALGORITHM_CODES, OP_CODES
 from .communicator import Communicator, find_communicator
 
@@ -41,12 +41,13 @@ all_reduce_p.def_impl(_impl)
 
 
 def _lowering(ctx, *args, axes, op, algorithm, comm_id, world_size, vma):
-    rule = jax.ffi.ffi_lowering("jax_ar_all_reduce")
-    return rule(ctx, *args, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]),
-                algorithm=np.int32(ALGORITHM_CODES[algorithm]))
+    return _call_order.ffi_call_in_order(  # CPU: keeps calls in program order
+        ctx, "jax_ar_all_reduce", args, comm_id=np.int64(comm_id), op=np.int32(OP_CODES[op]),
+        algorithm=np.int32(ALGORITHM_CODES[algorithm]))
 
 
-mlir.register_lowering(all_reduce_p, _lowering)
+# Not cacheable: each call must be lowered in place to be chained (_call_order.py).
+mlir.register_lowering(all_reduce_p, _lowering, cacheable=False)
 
 
 def _jvp(primals, tangents, **params):
@@ -105,6 +106,8 @@ def all_reduce(x, axis_name, op="sum", algorithm="auto"):
         raise ValueError(f"jax_ar.all_reduce: algorithm must be one of {config.ALGORITHMS}, "
                          f"got {algorithm!r}")
     axes = _check_axes(axis_name)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"jax_ar.all_reduce: axis_name names an axis twice: {axis_name!r}")
     leaves, treedef = jax.tree_util.tree_flatten(x)
     for leaf in leaves:
         dtype = getattr(leaf, "dtype", None)
@@ -112,17 +115,21 @@ def all_reduce(x, axis_name, op="sum", algorithm="auto"):
             raise TypeError(
                 f"jax_ar.all_reduce: unsupported dtype {dtype} (supported: "
                 f"{', '.join(str(d) for d in SUPPORTED_DTYPES)})")
-    comm = _communicator_for(axes)
     if algorithm == "auto":
         algorithm = config.algorithm_override() or "auto"
-    out = _reduce_leaves(leaves, axes, op, algorithm, comm)
+    if len(axes) > 1:  # jax_ar inside a host, psum across hosts: hierarchical.py
+        from .hierarchical import all_reduce_over_axes
+
+        out = all_reduce_over_axes(leaves, axes, op, algorithm)
+    else:
+        out = _reduce_leaves(leaves, axes, op, algorithm, _communicator_for(axes))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _check_axes(axis_name) -> tuple:
+def _check_axes(axis_name, what="jax_ar.all_reduce") -> tuple:
     axes = (axis_name,) if isinstance(axis_name, str) else axis_name
     if not isinstance(axes, tuple) or not axes or not all(isinstance(a, str) for a in axes):
-        raise TypeError(f"jax_ar.all_reduce: axis_name must be a mesh axis name (str), got "
+        raise TypeError(f"{what}: axis_name must be a mesh axis name (str), got "
                         f"{axis_name!r}")
     mesh = jax.sharding.get_abstract_mesh()
     manual = set(getattr(mesh, "manual_axes", ()))
@@ -131,20 +138,16 @@ def _check_axes(axis_name) -> tuple:
             where = ("outside jax.shard_map" if not manual else
                      f"over axis {a!r}, which is not a manual axis of the enclosing "
                      f"shard_map (its axes: {sorted(manual)})")
-            raise ValueError(f"jax_ar.all_reduce called {where}; call it inside "
+            raise ValueError(f"{what} called {where}; call it inside "
                              f"jax.shard_map over a mesh with axis {a!r}")
     return axes
 
 
-def _communicator_for(axes) -> Communicator:
+def _communicator_for(axes, what="jax_ar.all_reduce") -> Communicator:
     mesh = jax.sharding.get_abstract_mesh()
-    if len(axes) != 1:
-        raise NotImplementedError(
-            "jax_ar.all_reduce over several axes is not supported yet; reduce over one axis "
-            "with jax_ar and the others with jax.lax.psum")
     comm = find_communicator(axes[0], mesh.axis_names, mesh.axis_sizes)
     if comm is None:
-        raise ValueError(f"jax_ar.all_reduce: no communicator for axis {axes[0]!r}; call "
+        raise ValueError(f"{what}: no communicator for axis {axes[0]!r}; call "
                          f"jax_ar.setup(mesh, {axes[0]!r}) before tracing")
     return comm
 

@@ -257,6 +257,47 @@ class Round {
     return ffi::Error::Success();
   }
 
+  // Either half of two-shot alone, on bytes [offset, offset + bytes) of
+  // every chunk (RunChunkCollective); one phase, one slot per sender.
+  ffi::Error ReduceScatterChunks(size_t chunk_bytes, size_t offset, size_t bytes) {
+    const int world = state_.world;
+    const int rank = state_.rank;
+    const Segment& s = message_.segments[0];
+    for (int i = 1; i <= world; ++i) {  // my part of chunk j goes to rank j
+      const int peer = (rank + i) % world;
+      std::memcpy(Slot(state_, peer, epoch_, Algorithm::kOneShot, 0, rank),
+                  s.in + peer * chunk_bytes + offset, bytes);
+      Deliver(peer, 0);
+    }
+    const std::byte* sources[kMaxRanks];
+    for (int sender = 0; sender < world; ++sender) {
+      if (auto error = WaitFor(sender, 0); error.failure()) return error;
+      sources[sender] = Slot(state_, rank, epoch_, Algorithm::kOneShot, 0, sender);
+    }
+    DispatchDtype(s.dtype, [&](auto traits) {
+      ReduceElements<decltype(traits)>(message_.op, world, sources, 0, s.out + offset,
+                                       bytes / DtypeBytes(s.dtype));
+    });
+    return ffi::Error::Success();
+  }
+
+  ffi::Error AllGatherChunks(size_t chunk_bytes, size_t offset, size_t bytes) {
+    const int world = state_.world;
+    const int rank = state_.rank;
+    const Segment& s = message_.segments[0];
+    for (int i = 1; i <= world; ++i) {  // my chunk goes to every rank
+      const int peer = (rank + i) % world;
+      std::memcpy(Slot(state_, peer, epoch_, Algorithm::kOneShot, 0, rank), s.in + offset, bytes);
+      Deliver(peer, 0);
+    }
+    for (int sender = 0; sender < world; ++sender) {
+      if (auto error = WaitFor(sender, 0); error.failure()) return error;
+      std::memcpy(s.out + sender * chunk_bytes + offset,
+                  Slot(state_, rank, epoch_, Algorithm::kOneShot, 0, sender), bytes);
+    }
+    return ffi::Error::Success();
+  }
+
  private:
   // Publishes this rank's data for `phase` to `peer`: header, then the flag
   // with release order so the peer that sees the flag sees the data.
@@ -373,7 +414,15 @@ Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, 
   signature = hash;
 }
 
-ffi::Error RunAllReduce(RankState& state, const Message& message) {
+namespace {
+
+// What every call does around its rounds: fail at once on a communicator
+// that failed or closed, or whose peer failed (that peer will not take
+// part); one call at a time per rank; subnormals kept; and never a result
+// from a call in which a peer failed (after sending its part, e.g. at its
+// deadline).
+template <typename RunRounds>
+ffi::Error RunCall(RankState& state, const Message& message, RunRounds&& run_rounds) {
   if (std::string failure = state.Failure(); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jax_ar: this communicator failed earlier and cannot be used: " + failure);
@@ -392,28 +441,37 @@ ffi::Error RunAllReduce(RankState& state, const Message& message) {
                       "jax_ar: " + message.description + " on a closed communicator of " +
                           state.label);
   }
-  // A failed peer will not take part: fail now rather than at the deadline.
   if (std::string failed = FailedPeer(state); !failed.empty()) return fail_because_of_peer(failed);
   KeepSubnormals keep_subnormals;
-  const size_t capacity = RoundCapacity(state, message.algorithm);
-  if (capacity == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
-  const size_t total = message.packed_bytes;
-  const uint32_t rounds = static_cast<uint32_t>(std::max<size_t>(1, (total + capacity - 1) / capacity));
-  for (uint32_t r = 0; r < rounds; ++r) {
-    const size_t begin = static_cast<size_t>(r) * capacity;
-    const size_t end = std::min(total, begin + capacity);
-    Round round(state, message, begin, end, r, rounds);
-    ffi::Error error =
-        message.algorithm == Algorithm::kOneShot ? round.OneShot() : round.TwoShot();
-    if (error.failure()) return error;
-  }
-  // A peer that failed in one of these exchanges (after sending its part,
-  // e.g. at its deadline) got an error: so does this rank, never a result.
+  if (ffi::Error error = run_rounds(); error.failure()) return error;
   const uint64_t last = state.control(state.rank).epoch;
   if (std::string failed = FailedPeer(state, last); !failed.empty()) {
     return fail_because_of_peer(failed);
   }
   return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error RunAllReduce(RankState& state, const Message& message) {
+  return RunCall(state, message, [&]() -> ffi::Error {
+    const size_t capacity = RoundCapacity(state, message.algorithm);
+    if (capacity == 0) {
+      return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
+    }
+    const size_t total = message.packed_bytes;
+    const uint32_t rounds =
+        static_cast<uint32_t>(std::max<size_t>(1, (total + capacity - 1) / capacity));
+    for (uint32_t r = 0; r < rounds; ++r) {
+      const size_t begin = static_cast<size_t>(r) * capacity;
+      const size_t end = std::min(total, begin + capacity);
+      Round round(state, message, begin, end, r, rounds);
+      ffi::Error error =
+          message.algorithm == Algorithm::kOneShot ? round.OneShot() : round.TwoShot();
+      if (error.failure()) return error;
+    }
+    return ffi::Error::Success();
+  });
 }
 
 void InitControlBlock(std::byte* workspace) {
@@ -469,6 +527,29 @@ std::vector<std::string> CallsNeverMade(RankState& state, double linger_s) {
                        std::to_string(peer) + " failed");
   }
   return diverged;
+}
+
+ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,
+                              size_t chunk_bytes) {
+  return RunCall(state, message, [&]() -> ffi::Error {
+    // One sender's slot bounds what a round carries of each chunk.
+    const size_t slot = SlotBytes(state, Algorithm::kOneShot);
+    if (slot == 0) {
+      return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
+    }
+    const uint32_t rounds =
+        static_cast<uint32_t>(std::max<size_t>(1, (chunk_bytes + slot - 1) / slot));
+    for (uint32_t r = 0; r < rounds; ++r) {
+      const size_t offset = std::min(chunk_bytes, static_cast<size_t>(r) * slot);
+      const size_t bytes = std::min(slot, chunk_bytes - offset);
+      Round round(state, message, offset, offset + bytes, r, rounds);
+      ffi::Error error = half == ChunkHalf::kReduceScatter
+                             ? round.ReduceScatterChunks(chunk_bytes, offset, bytes)
+                             : round.AllGatherChunks(chunk_bytes, offset, bytes);
+      if (error.failure()) return error;
+    }
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,

@@ -110,6 +110,15 @@ void MarkClosed(RankState& state);
 // that call of the peer fails). Lingering makes the report certain at
 // process exit, where every rank ends up waiting for its peers anyway.
 std::vector<std::string> CallsNeverMade(RankState& state, double linger_s);
+// Either half of two-shot on its own, for a message of one segment split
+// into `world` chunks of `chunk_bytes` each (not necessarily 16-byte
+// multiples). Reduce-scatter: the segment's input holds every chunk (chunk
+// j at j * chunk_bytes) and its output receives this rank's chunk reduced
+// over all ranks in rank order. All-gather: the input is this rank's chunk
+// and the output holds every rank's, in rank order. Failures as above.
+enum class ChunkHalf { kReduceScatter, kAllGather };
+ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,
+                              size_t chunk_bytes);
 
 // Builds the segments of a handler's operands; checks dtypes and sizes.
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,

@@ -14,9 +14,11 @@
 
 #include "common/registry.h"
 #include "host/all_reduce.h"
+#include "host/call_order.h"
 #include "host/exchange.h"
 #include "host/process_liveness.h"
 #include "host/rank_state.h"
+#include "host/reduce_scatter_all_gather.h"
 
 namespace nb = nanobind;
 
@@ -56,6 +58,9 @@ NB_MODULE(_jax_ar_host, m) {
   m.def("registrations", []() {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
+    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
+    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
+    targets["jax_ar_order"] = EncapsulateHandler(kCallOrder);
     return targets;
   });
 

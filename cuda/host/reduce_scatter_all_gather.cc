@@ -1,0 +1,92 @@
+// FFI handlers of jax_ar.reduce_scatter and jax_ar.all_gather on CPU devices.
+//
+// Python hands them arrays in a canonical layout: the reduce-scatter operand
+// is [world, ...] (row j is rank j's share), the all-gather result is
+// [world, ...]. Rows are contiguous, so a chunk is a plain byte range.
+#include "host/reduce_scatter_all_gather.h"
+
+#include <algorithm>
+#include <string>
+
+#include "host/all_reduce.h"
+#include "host/exchange.h"
+
+namespace jax_ar::host {
+namespace {
+
+ffi::Error CheckDtype(ffi::DataType dtype, const char* what) {
+  if (DtypeBytes(dtype) == 0 || dtype == ffi::DataType::F8E4M3FN) {
+    return InvalidArgument(std::string(what) + " does not support dtype " + DtypeName(dtype));
+  }
+  return ffi::Error::Success();
+}
+
+// The call as the protocol sees it: one array. Its size in the signature
+// (the operand for reduce-scatter, the result for all-gather: the whole
+// message) fixes the chunk size that peers must agree on.
+Message OneArrayMessage(ffi::AnyBuffer in, ffi::AnyBuffer out, int32_t op, const char* operation,
+                        const RankState& state) {
+  Segment s;
+  s.in = static_cast<const std::byte*>(in.untyped_data());
+  s.out = static_cast<std::byte*>(out.untyped_data());
+  s.bytes = std::max(in.size_bytes(), out.size_bytes());
+  s.dtype = in.element_type();
+  return Message({s}, static_cast<ReduceOp>(op), Algorithm::kTwoShot, state.world, operation);
+}
+
+ffi::Error ReduceScatterHandler(int32_t device_ordinal,
+                                ffi::AnyBuffer in,                 // [world, ...], row j for rank j
+                                ffi::Result<ffi::AnyBuffer> out,   // [...], this rank's row reduced
+                                int64_t comm_id,                   // Communicator.comm_id
+                                int32_t op) {                      // ReduceOp
+  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
+  if (auto error = CheckDtype(in.element_type(), "reduce_scatter"); error.failure()) return error;
+  ffi::Error error = ffi::Error::Success();
+  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  if (state == nullptr) return error;
+  if (out->element_type() != in.element_type() ||
+      out->size_bytes() * static_cast<size_t>(state->world) != in.size_bytes()) {
+    return InvalidArgument("reduce_scatter result must be 1/" + std::to_string(state->world) +
+                           " of its operand, with the same dtype");
+  }
+  return RunChunkCollective(*state, OneArrayMessage(in, *out, op, "reduce_scatter", *state),
+                            ChunkHalf::kReduceScatter, out->size_bytes());
+}
+
+ffi::Error AllGatherHandler(int32_t device_ordinal,
+                            ffi::AnyBuffer in,                 // [...], this rank's chunk
+                            ffi::Result<ffi::AnyBuffer> out,   // [world, ...], row j from rank j
+                            int64_t comm_id) {                 // Communicator.comm_id
+  // Only bytes move, so any element type will do.
+  ffi::Error error = ffi::Error::Success();
+  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  if (state == nullptr) return error;
+  if (out->element_type() != in.element_type() ||
+      in.size_bytes() * static_cast<size_t>(state->world) != out->size_bytes()) {
+    return InvalidArgument("all_gather result must be " + std::to_string(state->world) +
+                           " times its operand, with the same dtype");
+  }
+  return RunChunkCollective(*state,
+                            OneArrayMessage(in, *out, static_cast<int32_t>(ReduceOp::kSum),
+                                            "all_gather", *state),
+                            ChunkHalf::kAllGather, in.size_bytes());
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kReduceScatter, ReduceScatterHandler,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("op"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllGather, AllGatherHandler,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm_id"));
+
+}  // namespace jax_ar::host
