@@ -93,6 +93,8 @@ def scenario_disagree(mesh):
         ("float32[1000]",))
     if hasattr(jax_ar, "all_reduce_rms_norm"):
         cases["operation"] = lambda: (_norm_or_reduce(mesh, odd), ("all_reduce_rms_norm",))
+    if hasattr(jax_ar, "reduce_scatter"):
+        cases["reduce_scatter"] = lambda: (_scatter_or_reduce(mesh, odd), ("reduce_scatter",))
 
     for seed, (name, build) in enumerate(cases.items()):
         comm = setup(mesh, timeout_s=30.0)  # errors must come at once, not at this deadline
@@ -128,6 +130,19 @@ def _norm_or_reduce(mesh, odd):
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
                                out_specs=(P(), P())))
     return fn, (x, r, g)
+
+
+def _scatter_or_reduce(mesh, odd):
+    """reduce_scatter on `odd`, all_reduce of the same operand elsewhere."""
+    x = global_array(np.ones((jax.device_count() * jax.device_count() * 4,), np.float32),
+                     mesh, P("tp"))
+    if odd:
+        fn = jax.shard_map(lambda v: jax_ar.reduce_scatter(v, "tp", tiled=True), mesh=mesh,
+                           in_specs=P("tp"), out_specs=P("tp"))
+    else:
+        fn = jax.shard_map(lambda v: jax_ar.all_reduce(v, "tp"), mesh=mesh, in_specs=P("tp"),
+                           out_specs=P())
+    return jax.jit(fn), (x,)
 
 
 def scenario_skip(mesh):
