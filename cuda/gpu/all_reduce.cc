@@ -1,0 +1,234 @@
+// FFI handler of jax_ar.all_reduce on CUDA devices. It does host work only
+// when XLA runs or records it (a CUDA graph replays the kernels alone), so
+// everything it computes comes from static shapes and the rank state; the
+// launch numbers live on the device.
+//
+// A call's arrays are packed one after another, each starting on a 16-byte
+// boundary. The packed message is cut into launches of at most one round's
+// capacity (the workspace's data half split into slots) and at most
+// kMaxSegmentsPerLaunch arrays; each launch is a complete protocol instance.
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "common/registry.h"
+#include "gpu/handlers.h"
+#include "gpu/kernels.h"
+
+namespace jax_ar::gpu {
+
+std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ffi::Error& error) {
+  auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
+  if (state == nullptr) {
+    error = InvalidArgument(
+        "no communicator " + std::to_string(comm_id) + " on GPU " +
+        std::to_string(device_ordinal) +
+        ": it was closed, or this device is not in the mesh given to jax_ar.setup()");
+    return nullptr;
+  }
+  if (std::string failure = state->Failure(); !failure.empty()) {
+    error = ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                       "jax_ar: this communicator failed earlier and cannot be used: " + failure);
+    return nullptr;
+  }
+  return state;
+}
+
+void FillProtocolArgs(const RankState& state, ProtocolArgs& a) {
+  for (int r = 0; r < state.world; ++r) a.workspaces[r] = state.workspaces[r];
+  a.local = state.local;
+  a.record = state.record_device;
+  a.token = state.token;
+  a.timeout_ns = static_cast<uint64_t>(state.timeout_s * 1e9);
+  a.ll_half_bytes = state.layout().ll_half;
+  a.plain_half_bytes = state.layout().plain_half;
+  a.rank = state.rank;
+  a.world = state.world;
+}
+
+int OneShotBlocks(uint64_t bytes, int world) {
+  const uint64_t vectors = (bytes + 15) / 16;
+  const uint64_t blocks = (vectors + kOneShotThreads - 1) / kOneShotThreads;
+  return static_cast<int>(std::clamp<uint64_t>(blocks, 1, BlockCap(world)));
+}
+
+TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads) {
+  TwoShotPlan plan;
+  plan.chunk_bytes = AlignUp((bytes + world - 1) / world);
+  const uint64_t vectors = plan.chunk_bytes / 16;
+  // About two vectors per thread and phase before adding blocks.
+  const uint64_t wanted = (vectors + 2 * threads - 1) / (2 * threads);
+  plan.blocks = static_cast<int>(std::clamp<uint64_t>(wanted, 1, BlockCap(world)));
+  plan.vectors_per_block = (vectors + plan.blocks - 1) / plan.blocks;
+  return plan;
+}
+
+uint64_t SlotBytes(const RankState& state, Algorithm algorithm) {
+  const DataLayout layout = state.layout();
+  return algorithm == Algorithm::kOneShot ? AlignDown(layout.ll_half / state.world)
+                                          : AlignDown(layout.plain_half / (2 * state.world));
+}
+
+namespace {
+
+std::atomic<uint64_t> handler_calls{0};
+
+// One array of the call and its place in the packed message.
+struct Piece {
+  const std::byte* in;
+  std::byte* out;
+  uint64_t bytes;
+  uint64_t packed_offset;
+  Dtype dtype;
+};
+
+bool ToDtype(ffi::DataType t, Dtype& d) {
+  switch (t) {
+    case ffi::DataType::F32: d = Dtype::kF32; return true;
+    case ffi::DataType::BF16: d = Dtype::kBF16; return true;
+    case ffi::DataType::F16: d = Dtype::kF16; return true;
+    case ffi::DataType::S32: d = Dtype::kS32; return true;
+    default: return false;
+  }
+}
+
+ffi::Error PiecesFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                             std::vector<Piece>& pieces, uint64_t& packed_bytes) {
+  if (args.size() != rets.size()) {
+    return InvalidArgument("all_reduce got " + std::to_string(args.size()) + " operands but " +
+                           std::to_string(rets.size()) + " results");
+  }
+  packed_bytes = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (in.has_error()) return in.error();
+    if (out.has_error()) return out.error();
+    Piece p;
+    if (!ToDtype(in->element_type(), p.dtype)) {
+      return InvalidArgument(std::string("all_reduce does not support dtype ") +
+                             DtypeName(in->element_type()));
+    }
+    if ((*out)->element_type() != in->element_type() || (*out)->size_bytes() != in->size_bytes()) {
+      return InvalidArgument("all_reduce result " + std::to_string(i) + " does not match its operand");
+    }
+    p.in = static_cast<const std::byte*>(in->untyped_data());
+    p.out = static_cast<std::byte*>((*out)->untyped_data());
+    p.bytes = in->size_bytes();
+    p.packed_offset = packed_bytes;
+    if (p.bytes == 0) continue;
+    packed_bytes += AlignUp(p.bytes);
+    pieces.push_back(p);
+  }
+  return ffi::Error::Success();
+}
+
+uint64_t CallSignature(const std::vector<Piece>& pieces, ReduceOp op, Algorithm algorithm,
+                       int world) {
+  uint64_t hash = HashMix(kFnvOffset, static_cast<uint64_t>(op));
+  hash = HashMix(hash, static_cast<uint64_t>(algorithm));
+  hash = HashMix(hash, static_cast<uint64_t>(world));
+  for (const Piece& p : pieces) hash = HashMix(HashMix(hash, static_cast<uint64_t>(p.dtype)), p.bytes);
+  return hash;
+}
+
+bool IsAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; }
+
+ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
+                        uint64_t total, ReduceOp op, Algorithm algorithm) {
+  const uint64_t slot = SlotBytes(state, algorithm);
+  // One-shot packets carry 8 data bytes in 16; two-shot chunks fill a slot.
+  const uint64_t capacity =
+      algorithm == Algorithm::kOneShot ? AlignDown(slot / 2) : slot * state.world;
+  if (capacity == 0) {
+    return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
+  }
+  const uint64_t signature = CallSignature(pieces, op, algorithm, state.world);
+  LaunchArgs a{};
+  FillProtocolArgs(state, a);
+  a.slot_bytes = slot;
+  a.op = static_cast<int32_t>(op);
+
+  size_t first = 0;  // first piece overlapping the launch
+  for (uint64_t begin = 0, index = 0; begin < total; ++index) {
+    uint64_t end = std::min(total, begin + capacity);
+    while (pieces[first].packed_offset + AlignUp(pieces[first].bytes) <= begin) ++first;
+    a.num_segments = 0;
+    for (size_t i = first; i < pieces.size() && pieces[i].packed_offset < end; ++i) {
+      if (a.num_segments == kMaxSegmentsPerLaunch) {
+        end = pieces[i].packed_offset;  // the rest goes to the next launch
+        break;
+      }
+      const Piece& p = pieces[i];
+      const uint64_t lo = std::max(begin, p.packed_offset);
+      const uint64_t hi = std::min(end, p.packed_offset + p.bytes);
+      SegmentArg& s = a.segments[a.num_segments++];
+      s.in = p.in + (lo - p.packed_offset);
+      s.out = p.out + (lo - p.packed_offset);
+      s.offset = lo - begin;
+      s.bytes = hi - lo;
+      s.dtype = p.dtype;
+      s.aligned = IsAligned(s.in) && IsAligned(s.out);
+    }
+    a.bytes = end - begin;
+    a.signature = HashMix(HashMix(signature, index), a.bytes);
+    int blocks;
+    if (algorithm == Algorithm::kOneShot) {
+      blocks = OneShotBlocks(a.bytes, state.world);
+    } else {
+      const TwoShotPlan plan = PlanTwoShot(a.bytes, state.world, kTwoShotThreads);
+      a.chunk_bytes = plan.chunk_bytes;
+      a.vectors_per_block = plan.vectors_per_block;
+      blocks = plan.blocks;
+    }
+    if (const cudaError_t err = LaunchAllReduce(algorithm, a, blocks, stream); err != cudaSuccess) {
+      const std::string text = std::string("all_reduce kernel launch failed: ") + cudaGetErrorString(err);
+      state.SetHostFailure(text);
+      return Internal(text);
+    }
+    begin = end;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AllReduceHandler(cudaStream_t stream,
+                            int32_t device_ordinal,   // XLA's ordinal of this GPU
+                            ffi::RemainingArgs args,  // arrays to reduce
+                            ffi::RemainingRets rets,  // their reductions, same shapes
+                            int64_t comm_id,          // Communicator.comm_id
+                            int32_t op,               // ReduceOp
+                            int32_t algorithm) {      // Algorithm
+  handler_calls.fetch_add(1, std::memory_order_relaxed);
+  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
+  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
+      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
+    return InvalidArgument("unknown algorithm " + std::to_string(algorithm));
+  }
+  ffi::Error error = ffi::Error::Success();
+  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  if (state == nullptr) return error;
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  if (auto e = PiecesFromBuffers(args, rets, pieces, total); e.failure()) return e;
+  if (total == 0) return ffi::Error::Success();
+  return RunAllReduce(stream, *state, pieces, total, static_cast<ReduceOp>(op),
+                      static_cast<Algorithm>(algorithm));
+}
+
+}  // namespace
+
+uint64_t AllReduceHandlerCalls() { return handler_calls.load(std::memory_order_relaxed); }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduce, AllReduceHandler,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("op")
+                                  .Attr<int32_t>("algorithm"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+}  // namespace jax_ar::gpu

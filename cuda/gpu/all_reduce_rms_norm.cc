@@ -1,0 +1,223 @@
+// FFI handler of jax_ar.all_reduce_rms_norm on CUDA devices: one fused
+// kernel per launch (all_reduce_rms_norm_kernels.cu). A call runs in one
+// launch unless its rows do not fit one round of the workspace; then it
+// takes several launches of whole rows (all captured in the same graph).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+
+#include "gpu/handlers.h"
+#include "gpu/kernels.h"
+
+namespace jax_ar::gpu {
+namespace {
+
+constexpr const char* kOp = "all_reduce_rms_norm";
+constexpr int kMaxVectorsPerThread = 4;
+constexpr int kMaxThreadsPerRow = 1024;
+constexpr int kMinBlockThreads = 256;
+
+ffi::Error Invalid(const std::string& text) { return InvalidArgument(std::string(kOp) + ": " + text); }
+
+std::string Shape(const ffi::AnyBuffer& b) {
+  std::string text = "[";
+  for (size_t i = 0; i < b.dimensions().size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(b.dimensions()[i]);
+  }
+  return text + "]";
+}
+
+bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+  auto da = a.dimensions(), db = b.dimensions();
+  return da.size() == db.size() && std::equal(da.begin(), da.end(), db.begin());
+}
+
+// Threads per row (a power of two, one 16-byte vector each up to 1024
+// threads) and vectors per thread, from the row length alone.
+struct RowPlan {
+  int threads_per_row;
+  int vectors_per_thread;
+  int block_threads;
+};
+
+RowPlan PlanRow(int row_vectors) {
+  RowPlan plan;
+  plan.threads_per_row = 1;
+  while (plan.threads_per_row < row_vectors && plan.threads_per_row < kMaxThreadsPerRow) {
+    plan.threads_per_row *= 2;
+  }
+  plan.vectors_per_thread = (row_vectors + plan.threads_per_row - 1) / plan.threads_per_row;
+  plan.block_threads = std::max(plan.threads_per_row, kMinBlockThreads);
+  return plan;
+}
+
+uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, int64_t rows, int64_t hidden,
+                   int32_t quantize, float eps) {
+  uint32_t eps_bits;
+  std::memcpy(&eps_bits, &eps, sizeof(eps_bits));
+  uint64_t hash = HashMix(kFnvOffset, 0x52534e4f524dull);  // "RSNORM": never an all_reduce's
+  for (uint64_t v : {static_cast<uint64_t>(algorithm), static_cast<uint64_t>(world),
+                     static_cast<uint64_t>(dtype), static_cast<uint64_t>(rows),
+                     static_cast<uint64_t>(hidden), static_cast<uint64_t>(quantize),
+                     static_cast<uint64_t>(eps_bits)}) {
+    hash = HashMix(hash, v);
+  }
+  return hash;
+}
+
+ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
+                                   int32_t device_ordinal,                    // XLA's ordinal
+                                   ffi::AnyBuffer x,                          // [T, H], this rank's part
+                                   ffi::AnyBuffer residual,                   // [T, H]
+                                   ffi::AnyBuffer gamma,                      // [H]
+                                   ffi::BufferR0<ffi::F32> scale,             // read when quantize
+                                   ffi::Result<ffi::AnyBuffer> out,           // [T, H] x's type or fp8
+                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] x's type
+                                   int64_t comm_id,                           // Communicator.comm_id
+                                   int32_t algorithm,                         // Algorithm
+                                   float eps,                                 // > 0
+                                   int32_t quantize) {                        // 1: fp8 out
+  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
+      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
+    return Invalid("unknown algorithm " + std::to_string(algorithm));
+  }
+  if (quantize != 0 && quantize != 1) return Invalid("quantize must be 0 or 1");
+  if (!(eps > 0.0f) || !std::isfinite(eps)) {
+    return Invalid("eps must be positive and finite, got " + std::to_string(eps));
+  }
+  Dtype dtype;
+  size_t element_bytes;
+  switch (x.element_type()) {
+    case ffi::DataType::F32: dtype = Dtype::kF32, element_bytes = 4; break;
+    case ffi::DataType::BF16: dtype = Dtype::kBF16, element_bytes = 2; break;
+    case ffi::DataType::F16: dtype = Dtype::kF16, element_bytes = 2; break;
+    default:
+      return Invalid(std::string("x must be float32, bfloat16 or float16, got ") +
+                     DtypeName(x.element_type()));
+  }
+  if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + Shape(x));
+  const int64_t rows = x.dimensions()[0], hidden = x.dimensions()[1];
+  const int64_t lanes = 16 / static_cast<int64_t>(element_bytes);
+  if (hidden < 128 || hidden > 16384 || hidden % lanes != 0) {
+    return Invalid("the CUDA kernel needs a hidden size in [128, 16384] that is a multiple of " +
+                   std::to_string(lanes) + ", got " + std::to_string(hidden));
+  }
+  if (gamma.element_type() != x.element_type() || gamma.dimensions().size() != 1 ||
+      gamma.dimensions()[0] != hidden) {
+    return Invalid("gamma is " + std::string(DtypeName(gamma.element_type())) + Shape(gamma) +
+                   ", expected " + DtypeName(x.element_type()) + "[" + std::to_string(hidden) + "]");
+  }
+  const ffi::DataType out_type = quantize ? ffi::DataType::F8E4M3FN : x.element_type();
+  for (auto [name, buffer, type] : {std::tuple{"residual", &residual, x.element_type()},
+                                    std::tuple{"residual_out", &(*residual_out), x.element_type()},
+                                    std::tuple{"out", &(*out), out_type}}) {
+    if (!SameShape(x, *buffer) || buffer->element_type() != type) {
+      return Invalid(std::string(name) + " is " + DtypeName(buffer->element_type()) +
+                     Shape(*buffer) + ", expected " + DtypeName(type) + Shape(x));
+    }
+  }
+  for (const void* p : {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
+                        residual_out->untyped_data(), out->untyped_data()}) {
+    if (reinterpret_cast<uintptr_t>(p) % kAlign != 0) {
+      return Invalid("the CUDA kernel needs 16-byte aligned buffers");
+    }
+  }
+  ffi::Error error = ffi::Error::Success();
+  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  if (state == nullptr) return error;
+  if (rows == 0) return ffi::Error::Success();
+
+  const int world = state->world;
+  const uint64_t row_bytes = static_cast<uint64_t>(hidden) * element_bytes;
+  const uint64_t out_row_bytes = static_cast<uint64_t>(hidden) * (quantize ? 1 : element_bytes);
+  const DataLayout layout = state->layout();
+  // Rows one launch carries. one-shot: LL packets double x's bytes in each
+  // sender's slot of the LL half. two-shot: per sender and group row of the
+  // plain half, x in phase 0 and both outputs in phase 1 (16 bytes of
+  // alignment slack per region).
+  const auto rows_per_launch_of = [&](Algorithm a) -> int64_t {
+    if (a == Algorithm::kOneShot) {
+      return static_cast<int64_t>(layout.ll_half / (static_cast<uint64_t>(world) * 2 * row_bytes));
+    }
+    const uint64_t per_sender = layout.plain_half / world;
+    const uint64_t slack = 3 * kAlign;
+    const uint64_t group_rows =
+        per_sender > slack ? (per_sender - slack) / (2 * row_bytes + out_row_bytes) : 0;
+    return static_cast<int64_t>(group_rows) * world;
+  };
+  Algorithm algo = static_cast<Algorithm>(algorithm);
+  // The LL region is a quarter of the data area: a row too long for it goes
+  // two-shot (decided from sizes alone, so every rank switches alike).
+  if (algo == Algorithm::kOneShot && rows_per_launch_of(algo) == 0) algo = Algorithm::kTwoShot;
+  const int64_t rows_per_launch = rows_per_launch_of(algo);
+  if (rows_per_launch == 0) {
+    return Invalid("one row of " + std::to_string(row_bytes) + " bytes does not fit the workspace (" +
+                   std::to_string(state->workspace_bytes) + " bytes for " + std::to_string(world) +
+                   " ranks); set up the communicator with a larger workspace_bytes");
+  }
+  const uint64_t signature = Signature(algo, world, dtype, rows, hidden, quantize, eps);
+  const RowPlan plan = PlanRow(static_cast<int>(hidden / lanes));
+  const int rows_at_once = plan.block_threads / plan.threads_per_row;
+
+  RmsNormLaunchArgs a{};
+  FillProtocolArgs(*state, a);
+  a.gamma = gamma.untyped_data();
+  a.scale = scale.typed_data();
+  a.row_vectors = static_cast<int32_t>(hidden / lanes);
+  a.threads_per_row = plan.threads_per_row;
+  a.eps = eps;
+  a.inv_hidden = 1.0f / static_cast<float>(hidden);
+  a.quantize = quantize;
+  a.dtype = dtype;
+  for (int64_t first = 0, index = 0; first < rows; first += rows_per_launch, ++index) {
+    a.rows = std::min(rows_per_launch, rows - first);
+    a.x = static_cast<const std::byte*>(x.untyped_data()) + first * row_bytes;
+    a.residual = static_cast<const std::byte*>(residual.untyped_data()) + first * row_bytes;
+    a.residual_out = static_cast<std::byte*>(residual_out->untyped_data()) + first * row_bytes;
+    a.out = static_cast<std::byte*>(out->untyped_data()) + first * out_row_bytes;
+    a.signature = HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows);
+    int64_t blocks;
+    if (algo == Algorithm::kOneShot) {
+      a.slot_bytes = AlignDown(layout.ll_half / world);
+      blocks = (a.rows + rows_at_once - 1) / rows_at_once;
+    } else {
+      a.group_rows = (a.rows + world - 1) / world;
+      a.phase0_slot_bytes = AlignUp(a.group_rows * row_bytes);
+      a.out_offset = AlignUp(a.group_rows * row_bytes);
+      a.phase1_slot_bytes = a.out_offset + AlignUp(a.group_rows * out_row_bytes);
+      blocks = (a.group_rows + rows_at_once - 1) / rows_at_once;
+    }
+    blocks = std::clamp<int64_t>(blocks, 1, BlockCap(world));
+    if (algo == Algorithm::kTwoShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
+    const cudaError_t err = LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks),
+                                                   plan.block_threads, plan.vectors_per_thread, stream);
+    if (err != cudaSuccess) {
+      const std::string text = std::string(kOp) + " kernel launch failed: " + cudaGetErrorString(err);
+      state->SetHostFailure(text);
+      return Internal(text);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()           // x
+                                  .Arg<ffi::AnyBuffer>()           // residual
+                                  .Arg<ffi::AnyBuffer>()           // gamma
+                                  .Arg<ffi::BufferR0<ffi::F32>>()  // scale
+                                  .Ret<ffi::AnyBuffer>()           // out
+                                  .Ret<ffi::AnyBuffer>()           // residual_out
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("algorithm")
+                                  .Attr<float>("eps")
+                                  .Attr<int32_t>("quantize"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+}  // namespace jax_ar::gpu

@@ -1,0 +1,393 @@
+// Fused all-reduce + residual add + RMSNorm (+ FP8 output), one kernel per
+// launch for both algorithms:
+//
+//   t            = float32 sum of x over ranks (rank order) + float32(residual)
+//   residual_out = round(t)                       (x's type)
+//   v            = float32(residual_out)
+//   out          = round(v * rsqrt(mean(v * v) + eps) * float32(gamma)),
+//                  or float8_e4m3fn(saturate(that / scale)) with quantize
+//
+// A group of threads_per_row threads (a power of two) owns a row; each holds
+// up to kVectors 16-byte vectors of it. one-shot: every rank sends its rows
+// of x as LL packets to every peer and computes every row itself (the
+// all-reduce kernel's protocol, row by row). two-shot: rows are split into
+// `world` groups; each rank reduces and normalizes its group and sends both
+// outputs to everybody (the two-shot protocol with rows for chunks).
+//
+// The norm's arithmetic is that of jax_ar.rms_norm's CUDA kernel: squares
+// accumulated with fmaf per thread, a shuffle (and shared-memory) tree over
+// the row, rsqrtf(fmaf(sum, 1/hidden, eps)), (v * inv_rms) * gamma.
+#include <cuda_runtime.h>
+
+#include "gpu/kernels.h"
+#include "gpu/launch_protocol.cuh"
+#include "gpu/numeric.cuh"
+
+namespace jax_ar::gpu {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr float kE4m3Max = 448.0f;
+
+// float32 -> float8_e4m3fn, saturating to +-448, round to nearest even, NaN
+// to NaN; bit for bit the host's FloatToE4m3fnSaturated.
+__device__ __forceinline__ uint32_t FloatToE4m3fnSaturated(float f) {
+  const uint32_t sign = (__float_as_uint(f) >> 24) & 0x80u;
+  if (IsNan(f)) return sign | 0x7fu;
+  const float a = fabsf(f);
+  if (a >= kE4m3Max) return sign | 0x7eu;
+  if (a < 0.015625f) {  // subnormal: units of 2^-9 (exact scaling, round to even)
+    return sign | static_cast<uint32_t>(__float2int_rn(__fmul_rn(a, 512.0f)));
+  }
+  uint32_t u = __float_as_uint(a);
+  u += 0x7ffffu + ((u >> 20) & 1u);  // a carry moves the exponent up
+  return sign | ((((u >> 23) - 127u + 7u) << 3) | ((u >> 20) & 7u));
+}
+
+// Sum of `value` over the threads_per_row consecutive threads of a row.
+// Rows wider than a warp go through `partials` (one float per warp of the
+// block); then every thread of the block must call this together.
+__device__ __forceinline__ float RowSum(float value, int threads_per_row, float* partials) {
+  const int width = threads_per_row < 32 ? threads_per_row : 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  if (threads_per_row <= 32) return value;
+  const int warps = threads_per_row / 32;
+  const int first = (threadIdx.x / threads_per_row) * warps;
+  if (threadIdx.x % 32 == 0) partials[threadIdx.x / 32] = value;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < warps; ++w) total += partials[first + w];
+  __syncthreads();  // partials are reused by the next row
+  return total;
+}
+
+// Bytes of one row's out per 16-byte vector of x: 16, or lanes with FP8.
+template <Dtype D>
+__device__ __forceinline__ int OutVectorBytes(const RmsNormLaunchArgs& a) {
+  return a.quantize ? Vec<D>::kLanes : 16;
+}
+
+// Stores the normalized lanes `y` of vector `vector` of a row at `dst`.
+template <Dtype D>
+__device__ __forceinline__ void StoreOut(const RmsNormLaunchArgs& a, float scale, const float* y,
+                                         std::byte* dst) {
+  using V = Vec<D>;
+  if (!a.quantize) {
+    Store16(dst, V::Pack(y));
+    return;
+  }
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < V::kLanes; ++j) {
+    w[j / 4] |= FloatToE4m3fnSaturated(__fdiv_rn(y[j], scale)) << (8 * (j % 4));
+  }
+  if constexpr (V::kLanes == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = w[0];
+  }
+}
+
+__device__ __forceinline__ void FillRmsNormOutputs(const RmsNormLaunchArgs& a, int element_bytes) {
+  const uint64_t elements = static_cast<uint64_t>(a.rows) * a.row_vectors * (16 / element_bytes);
+  FillBytes(a.residual_out, elements * element_bytes);
+  FillBytes(a.out, elements * (a.quantize ? 1 : element_bytes));
+}
+
+// t = sum (already in `acc`) + residual; returns round(t), the value
+// residual_out holds, and adds the squares of its widened lanes to
+// `sum_squares`. Rows are kept packed in between (half the registers of
+// float lanes for 16-bit types).
+template <Dtype D>
+__device__ __forceinline__ uint4 AddResidual(float* acc, uint4 residual, float& sum_squares) {
+  using V = Vec<D>;
+  float r[V::kLanes];
+  V::Unpack(residual, r);
+#pragma unroll
+  for (int j = 0; j < V::kLanes; ++j) acc[j] = __fadd_rn(acc[j], r[j]);
+  const uint4 rounded = V::Pack(acc);
+  V::Unpack(rounded, r);
+#pragma unroll
+  for (int j = 0; j < V::kLanes; ++j) sum_squares = fmaf(r[j], r[j], sum_squares);
+  return rounded;
+}
+
+__device__ __forceinline__ float InverseRms(const RmsNormLaunchArgs& a, float total) {
+  return rsqrtf(fmaf(total, a.inv_hidden, a.eps));
+}
+
+template <Dtype D>
+__device__ __forceinline__ void Normalize(uint4 rounded, float inv_rms, uint4 gamma, float* y) {
+  using V = Vec<D>;
+  float v[V::kLanes], g[V::kLanes];
+  V::Unpack(rounded, v);
+  V::Unpack(gamma, g);
+#pragma unroll
+  for (int j = 0; j < V::kLanes; ++j) y[j] = __fmul_rn(__fmul_rn(v[j], inv_rms), g[j]);
+}
+
+__device__ __forceinline__ const std::byte* RowOf(const void* base, int64_t row, uint64_t bytes) {
+  return static_cast<const std::byte*>(base) + row * bytes;
+}
+__device__ __forceinline__ std::byte* RowOf(void* base, int64_t row, uint64_t bytes) {
+  return static_cast<std::byte*>(base) + row * bytes;
+}
+
+template <Dtype D, int kVectors>
+__global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
+    const __grid_constant__ RmsNormLaunchArgs a) {
+  using V = Vec<D>;
+  __shared__ float partials[kMaxThreads / 32];
+  const LaunchContext ctx = BeginLaunch(a);
+  if (!ctx.live) {
+    FillRmsNormOutputs(a, 16 / V::kLanes);
+    return;
+  }
+  SendHeader(a, ctx.launch);
+  const uint32_t flag = LaunchFlag(ctx.launch);
+  const int parity = static_cast<int>(ctx.launch & 1);
+  Waiter waiter(a, ctx.launch);
+  bool ok = true;
+  const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
+  const int tpr = a.threads_per_row;
+  const int lane = threadIdx.x % tpr;
+  const int rows_at_once = blockDim.x / tpr;
+  const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
+  const int out_bytes = OutVectorBytes<D>(a);
+
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * rows_at_once; base < a.rows;
+       base += static_cast<int64_t>(gridDim.x) * rows_at_once) {
+    const int64_t row = base + threadIdx.x / tpr;
+    const bool active = row < a.rows;
+    uint4 mine[kVectors];
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (!active || i >= a.row_vectors) continue;
+      mine[k] = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
+      SendPacketPair(a, parity, a.slot_bytes, 2 * (row * a.row_vectors + i), mine[k], flag);
+    }
+    uint4 rounded[kVectors];
+    float sum_squares = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (!active || i >= a.row_vectors) continue;
+      const int64_t packet = 2 * (row * a.row_vectors + i);
+      float acc[V::kLanes];
+      AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
+        if (s == a.rank) return mine[k];
+        return ReadPacketPair(PacketSlot(a, a.rank, parity, a.slot_bytes, s) + packet, flag,
+                              waiter, s, ok);
+      }, acc);
+      const uint4 residual = LoadInput16(RowOf(a.residual, row, row_bytes) + 16 * i);
+      rounded[k] = AddResidual<D>(acc, residual, sum_squares);
+      if (ok) Store16(RowOf(a.residual_out, row, row_bytes) + 16 * i, rounded[k]);
+    }
+    const float inv_rms = InverseRms(a, RowSum(sum_squares, tpr, partials));
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (!active || i >= a.row_vectors || !ok) continue;
+      float y[V::kLanes];
+      Normalize<D>(rounded[k], inv_rms, LoadInput16(static_cast<const std::byte*>(a.gamma) + 16 * i), y);
+      StoreOut<D>(a, scale, y, RowOf(a.out, row, row_bytes / 16 * out_bytes) + out_bytes * i);
+    }
+  }
+  if (ok) CheckHeader(a, waiter);
+  FinishLaunch(a, ctx);
+}
+
+template <Dtype D, int kVectors>
+__global__ void __launch_bounds__(kMaxThreads) TwoShotRmsNormKernel(
+    const __grid_constant__ RmsNormLaunchArgs a) {
+  using V = Vec<D>;
+  __shared__ float partials[kMaxThreads / 32];
+  const LaunchContext ctx = BeginLaunch(a);
+  if (!ctx.live) {
+    FillRmsNormOutputs(a, 16 / V::kLanes);
+    return;
+  }
+  SendHeader(a, ctx.launch);
+  const int parity = static_cast<int>(ctx.launch & 1);
+  Waiter waiter(a, ctx.launch);
+  const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
+  const int tpr = a.threads_per_row;
+  const int lane = threadIdx.x % tpr;
+  const int rows_at_once = blockDim.x / tpr;
+  const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
+  const int out_bytes = OutVectorBytes<D>(a);
+  const uint64_t out_row_bytes = static_cast<uint64_t>(a.row_vectors) * out_bytes;
+  // This block's rows of a group: [lo, hi).
+  const int64_t lo = blockIdx.x * a.rows_per_block;
+  const int64_t hi = min(lo + a.rows_per_block, a.group_rows);
+  const auto phase0 = [&](int owner, int sender) {
+    return PlainHalf(a, owner, parity) + sender * a.phase0_slot_bytes;
+  };
+  const auto phase1 = [&](int owner, int sender) {
+    return PlainHalf(a, owner, parity) + a.world * a.phase0_slot_bytes +
+           sender * a.phase1_slot_bytes;
+  };
+
+  // Phase 0: my x rows of group j go to rank j.
+  for (int step = 1; step < a.world; ++step) {
+    const int peer = (a.rank + step) % a.world;
+    for (int64_t base = lo; base < hi; base += rows_at_once) {
+      const int64_t group_row = base + threadIdx.x / tpr;
+      const int64_t row = peer * a.group_rows + group_row;
+      if (group_row >= hi || row >= a.rows) continue;
+      for (int i = lane; i < a.row_vectors; i += tpr) {
+        Store16(phase0(peer, a.rank) + group_row * row_bytes + 16 * i,
+                LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i));
+      }
+    }
+  }
+  SignalPeers(a, 0, ctx.launch);
+  bool ok = WaitForPeers(a, 0, waiter);
+
+  // My group: reduce, add the residual, normalize; both outputs go to my
+  // outputs and to slot `rank` of every peer's phase-1 area.
+  if (ok) {
+    for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: RowSum syncs
+      const int64_t group_row = base + threadIdx.x / tpr;
+      const int64_t row = a.rank * a.group_rows + group_row;
+      const bool active = group_row < hi && row < a.rows;
+      uint4 rounded[kVectors];
+      float sum_squares = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        const int i = lane + k * tpr;
+        if (!active || i >= a.row_vectors) continue;
+        const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
+        float acc[V::kLanes];
+        AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
+          if (s == a.rank) return mine;
+          return LoadShared16(phase0(a.rank, s) + group_row * row_bytes + 16 * i);
+        }, acc);
+        const uint4 residual = LoadInput16(RowOf(a.residual, row, row_bytes) + 16 * i);
+        rounded[k] = AddResidual<D>(acc, residual, sum_squares);
+        Store16(RowOf(a.residual_out, row, row_bytes) + 16 * i, rounded[k]);
+        for (int step = 1; step < a.world; ++step) {
+          Store16(phase1((a.rank + step) % a.world, a.rank) + group_row * row_bytes + 16 * i,
+                  rounded[k]);
+        }
+      }
+      const float inv_rms = InverseRms(a, RowSum(sum_squares, tpr, partials));
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        const int i = lane + k * tpr;
+        if (!active || i >= a.row_vectors) continue;
+        float y[V::kLanes];
+        Normalize<D>(rounded[k], inv_rms, LoadInput16(static_cast<const std::byte*>(a.gamma) + 16 * i), y);
+        std::byte* mine = RowOf(a.out, row, out_row_bytes) + out_bytes * i;
+        StoreOut<D>(a, scale, y, mine);
+        for (int step = 1; step < a.world; ++step) {
+          std::byte* theirs = phase1((a.rank + step) % a.world, a.rank) + a.out_offset +
+                              group_row * out_row_bytes + out_bytes * i;
+          StoreOut<D>(a, scale, y, theirs);
+        }
+      }
+    }
+    SignalPeers(a, 1, ctx.launch);
+    ok = WaitForPeers(a, 1, waiter);
+  }
+
+  // Phase 1: every other group's outputs into mine.
+  if (ok) {
+    for (int step = 1; step < a.world; ++step) {
+      const int owner = (a.rank + step) % a.world;
+      const std::byte* src = phase1(a.rank, owner);
+      for (int64_t base = lo; base < hi; base += rows_at_once) {
+        const int64_t group_row = base + threadIdx.x / tpr;
+        const int64_t row = owner * a.group_rows + group_row;
+        if (group_row >= hi || row >= a.rows) continue;
+        for (int i = lane; i < a.row_vectors; i += tpr) {
+          Store16(RowOf(a.residual_out, row, row_bytes) + 16 * i,
+                  LoadShared16(src + group_row * row_bytes + 16 * i));
+          const std::byte* from = src + a.out_offset + group_row * out_row_bytes + out_bytes * i;
+          std::byte* to = RowOf(a.out, row, out_row_bytes) + out_bytes * i;
+          if (out_bytes == 16) {
+            Store16(to, LoadShared16(from));
+          } else if (out_bytes == 8) {
+            *reinterpret_cast<uint2*>(to) = __ldcg(reinterpret_cast<const uint2*>(from));
+          } else {
+            *reinterpret_cast<uint32_t*>(to) = __ldcg(reinterpret_cast<const unsigned int*>(from));
+          }
+        }
+      }
+    }
+    CheckHeader(a, waiter);
+  }
+  FinishLaunch(a, ctx);
+}
+
+template <Dtype D, int kVectors>
+cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks, int threads,
+                        cudaStream_t stream) {
+  if (algorithm == Algorithm::kOneShot) {
+    OneShotRmsNormKernel<D, kVectors><<<blocks, threads, 0, stream>>>(args);
+  } else {
+    TwoShotRmsNormKernel<D, kVectors><<<blocks, threads, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
+template <Dtype D>
+cudaError_t LaunchVectors(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks,
+                          int threads, int vectors_per_thread, cudaStream_t stream) {
+  switch (vectors_per_thread) {
+    case 1: return LaunchTyped<D, 1>(algorithm, args, blocks, threads, stream);
+    case 2: return LaunchTyped<D, 2>(algorithm, args, blocks, threads, stream);
+    case 3: return LaunchTyped<D, 3>(algorithm, args, blocks, threads, stream);
+    default: return LaunchTyped<D, 4>(algorithm, args, blocks, threads, stream);
+  }
+}
+
+template <Dtype D>
+cudaError_t LoadTyped() {
+  cudaFuncAttributes attributes;
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, 1>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, 2>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, 3>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, 4>),
+      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, 1>),
+      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, 2>),
+      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, 3>),
+      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, 4>),
+  };
+  for (const void* kernel : kernels) {
+    if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
+      return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchAllReduceRmsNorm(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks,
+                                   int threads, int vectors_per_thread, cudaStream_t stream) {
+  switch (args.dtype) {
+    case Dtype::kF32:
+      return LaunchVectors<Dtype::kF32>(algorithm, args, blocks, threads, vectors_per_thread, stream);
+    case Dtype::kBF16:
+      return LaunchVectors<Dtype::kBF16>(algorithm, args, blocks, threads, vectors_per_thread, stream);
+    case Dtype::kF16:
+      return LaunchVectors<Dtype::kF16>(algorithm, args, blocks, threads, vectors_per_thread, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LoadRmsNormKernels() {
+  for (cudaError_t err : {LoadTyped<Dtype::kF32>(), LoadTyped<Dtype::kBF16>(), LoadTyped<Dtype::kF16>()}) {
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace jax_ar::gpu

@@ -1,0 +1,42 @@
+// FFI handlers of the CUDA backend and what they share.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "common/ffi_util.h"
+#include "gpu/layout.h"
+#include "gpu/rank_state.h"
+
+namespace jax_ar::gpu {
+
+// The rank state of (comm_id, device), or nullptr with `error` set; also
+// fails when an earlier call of the communicator failed.
+std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ffi::Error& error);
+
+// The protocol fields of a launch, from the rank state alone.
+void FillProtocolArgs(const RankState& state, ProtocolArgs& args);
+
+// Launch configuration, from static sizes and the world size only, so that
+// every rank launches the same grid and cuts data into the same pieces.
+int OneShotBlocks(uint64_t bytes, int world);
+struct TwoShotPlan {
+  uint64_t chunk_bytes;
+  uint64_t vectors_per_block;
+  int blocks;
+};
+TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
+
+// Bytes of one sender's slot in a data half, for an algorithm's layout.
+uint64_t SlotBytes(const RankState& state, Algorithm algorithm);
+
+// How often the all-reduce handler ran in this process: under CUDA graphs
+// it runs when XLA records a graph, not per call (benchmarks report it).
+uint64_t AllReduceHandlerCalls();
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduceRmsNorm);
+
+}  // namespace jax_ar::gpu

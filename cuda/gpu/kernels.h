@@ -1,0 +1,57 @@
+// Host entry points of the CUDA kernels (defined in the .cu files), so that
+// handlers and the module are plain C++.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/protocol.h"
+#include "gpu/layout.h"
+
+namespace jax_ar::gpu {
+
+// Launches one protocol instance of `algorithm` on `stream`.
+cudaError_t LaunchAllReduce(Algorithm algorithm, const LaunchArgs& args, int blocks,
+                            cudaStream_t stream);
+
+// Launches one fused all-reduce + residual + RMSNorm protocol instance;
+// `vectors_per_thread` (1..4) is how many 16-byte vectors of a row each
+// thread holds.
+cudaError_t LaunchAllReduceRmsNorm(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks,
+                                   int threads, int vectors_per_thread, cudaStream_t stream);
+cudaError_t LoadRmsNormKernels();
+
+// The slot table of the current device: address of slot `slot`, and a write
+// of one slot (ordered on `stream`).
+cudaError_t LocalControlAddress(int slot, LocalControl** address);
+cudaError_t WriteLocalControl(int slot, const LocalControl& value, cudaStream_t stream);
+
+// Loads every kernel of the module on the current device (lazy loading would
+// otherwise do it inside XLA's graph capture) and checks that the build
+// carries code for this GPU.
+cudaError_t LoadKernels();
+
+// P2P probe of one rank: writes a token into every peer's workspace through
+// its mapping and reads it back, then waits (until the deadline) for every
+// peer's token in its own workspace. `result` is host-mapped.
+struct ProbeResult {
+  uint32_t status;  // ProbeStatus
+  int32_t peer;
+  uint64_t wrote;
+  uint64_t read;
+};
+enum ProbeStatus : uint32_t { kProbeRunning = 0, kProbeOk = 1, kProbeReadBack = 2, kProbeMissing = 3 };
+
+struct ProbeArgs {
+  std::byte* workspaces[kMaxRanks];
+  int32_t rank;
+  int32_t world;
+  uint64_t nonce;  // the same on every rank: tokens differ between setups
+  uint64_t timeout_ns;
+  ProbeResult* result;  // device address of host-mapped memory
+};
+
+cudaError_t LaunchProbe(const ProbeArgs& args, cudaStream_t stream);
+
+}  // namespace jax_ar::gpu

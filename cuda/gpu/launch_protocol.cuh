@@ -1,0 +1,335 @@
+// Device side of every jax_ar launch: how it learns its launch number, how it
+// waits (with a deadline), how it fails, and how it finds its arrays.
+//
+// Launch numbers. LocalControl::completed counts finished launches of a rank;
+// every block reads it when it starts (launch = completed + 1) and the last
+// block to finish stores the new count. The next launch on the stream starts
+// after that store, so numbers advance on the device alone and a CUDA graph
+// replays correctly. All ranks make the same launches, so they agree on the
+// numbers; a launch's flags and data half derive from its number.
+//
+// Failure. A wait that passes its deadline records (kind, rank, peer) in
+// LocalControl::abort, poisons every peer's PeerControl::abort so that they
+// stop waiting too, and writes the failure record in host-mapped memory once.
+// A launch that starts on an aborted rank does nothing but fill its outputs
+// with all-ones bits (NaN for floats, -1 for int32).
+//
+// Staleness. A launch whose token differs from its LocalControl slot's
+// belongs to a closed communicator (a CUDA graph replayed after close()):
+// its workspace pointers may be freed, so it reads nothing but the slot
+// (module memory that is never freed) and fills its outputs the same way.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/layout.h"
+#include "gpu/ptx.cuh"
+
+namespace jax_ar::gpu {
+
+__device__ __forceinline__ PeerControl* ControlOf(std::byte* workspace) {
+  return reinterpret_cast<PeerControl*>(workspace);
+}
+
+// Rank `owner`'s LL half (one-shot launches) and plain half (two-shot) for
+// launches of parity `parity`.
+__device__ __forceinline__ std::byte* LLHalf(const ProtocolArgs& a, int owner, int parity) {
+  return a.workspaces[owner] + kControlBytes + parity * a.ll_half_bytes;
+}
+__device__ __forceinline__ std::byte* PlainHalf(const ProtocolArgs& a, int owner, int parity) {
+  return a.workspaces[owner] + kControlBytes + 2 * a.ll_half_bytes + parity * a.plain_half_bytes;
+}
+// The name plain-data protocols outside this file were written against
+// (reduce_scatter / all_gather on the axes-gpu branch): the plain region.
+__device__ __forceinline__ std::byte* DataHalf(const ProtocolArgs& a, int owner, int parity) {
+  return PlainHalf(a, owner, parity);
+}
+
+// Writes the failure record once (the host reads `kind` last-written-first).
+__device__ inline void ReportFailure(const ProtocolArgs& a, uint32_t code, uint64_t launch) {
+  if (atomicCAS(&a.local->reported, 0u, 1u) != 0u) return;
+  volatile FailureRecord* record = a.record;
+  record->rank = a.rank;
+  record->culprit = AbortCulprit(code);
+  record->peer = AbortPeer(code);
+  record->launch = launch;
+  __threadfence_system();
+  record->kind = AbortKind(code);
+  __threadfence_system();
+}
+
+// Marks this rank failed with `code`. A failure found here (not one a peer
+// told us about) is passed on to every peer, so that none of them waits
+// for this rank until its own deadline.
+__device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t launch) {
+  const uint32_t kind = AbortKind(code);
+  if (atomicCAS(&a.local->abort, 0u, code) == 0u && (kind & kToldByPeer) == 0) {
+    const uint32_t told = EncodeAbort(kind | kToldByPeer, AbortCulprit(code), AbortPeer(code));
+    for (int q = 0; q < a.world; ++q) {
+      if (q != a.rank) atomicCAS_system(&ControlOf(a.workspaces[q])->abort, 0u, told);
+    }
+  }
+  ReportFailure(a, LoadVolatile32(&a.local->abort), launch);
+}
+
+// Paces a spin-wait: every 32 polls it looks for a failure elsewhere (another
+// thread of this rank, or a peer) and checks the deadline, which starts at
+// the first check so that waits that end quickly never read the clock.
+class Waiter {
+ public:
+  __device__ Waiter(const ProtocolArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
+
+  // False when the thread must stop waiting for `peer` (the rank is aborted).
+  __device__ bool KeepWaiting(int peer) {
+    if ((++polls_ & 31u) != 0) return true;
+    const uint32_t mine = LoadVolatile32(&a_.local->abort);
+    if (mine != 0) {
+      ReportFailure(a_, mine, launch_);
+      return false;
+    }
+    const uint32_t told = LoadVolatile32(&ControlOf(a_.workspaces[a_.rank])->abort);
+    if (told != 0) {
+      Abort(a_, told, launch_);
+      return false;
+    }
+    const uint64_t now = GlobalTimerNs();
+    if (deadline_ == 0) {
+      deadline_ = now + a_.timeout_ns;
+    } else if (now > deadline_) {
+      Abort(a_, EncodeAbort(kTimeout, a_.rank, peer), launch_);
+      return false;
+    }
+    return true;
+  }
+
+  __device__ uint64_t launch() const { return launch_; }
+
+ private:
+  const ProtocolArgs& a_;
+  uint64_t launch_;
+  uint64_t deadline_ = 0;
+  uint32_t polls_ = 0;
+};
+
+struct LaunchContext {
+  uint64_t launch;
+  bool live;
+  uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
+};
+
+// Outputs of a launch that cannot run: all-ones bits.
+__device__ inline void FillBytes(void* out, uint64_t bytes) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  auto* words = static_cast<uint16_t*>(out);
+  for (uint64_t k = blockIdx.x * blockDim.x + threadIdx.x; k < bytes / 2; k += stride) {
+    words[k] = 0xffffu;
+  }
+}
+
+// Every block, first thing: the launch number, or live=false when the launch
+// is stale or the rank aborted (then nothing else may be touched). Block 0
+// also claims the number; the claim is checked only at the end (CheckAlone),
+// so waiting for the atomic costs no latency.
+__device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
+  __shared__ uint64_t s_launch;
+  __shared__ int s_live;
+  uint64_t claimed = 0;
+  if (threadIdx.x == 0) {
+    const uint64_t token = LoadVolatile64(&a.local->token);
+    const uint64_t completed = LoadVolatile64(&a.local->completed);
+    const uint32_t abort = LoadVolatile32(&a.local->abort);
+    int live = token == a.token;  // only then is the slot ours to change
+    if (live && abort != 0) {
+      ReportFailure(a, abort, completed + 1);
+      live = 0;
+    }
+    if (live && blockIdx.x == 0) {
+      claimed = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull) + 1;
+    }
+    s_launch = completed + 1;
+    s_live = live;
+  }
+  __syncthreads();
+  return {s_launch, s_live != 0, claimed};
+}
+
+// Block 0, thread 0, before FinishLaunch: if another launch of this
+// communicator claimed a number meanwhile, two launches ran at once on this
+// device (XLA scheduled two calls concurrently) and both may have used the
+// same buffers: the communicator fails instead of returning mixed data.
+__device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ctx) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && ctx.claimed != ctx.launch) {
+    Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank), ctx.launch);
+  }
+}
+
+// Every block, last thing (all threads): the last block advances the count.
+// It also looks for a failure a peer told this rank about: a launch whose
+// data all arrived never polls long enough to see it (a peer may time out
+// after sending), and the next launches must know the communicator broke.
+__device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
+  CheckAlone(a, ctx);
+  const uint64_t launch = ctx.launch;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
+    __threadfence();
+    if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
+      if (told != 0) Abort(a, told, launch);
+      a.local->blocks_done = 0;
+      StoreVolatile64(&a.local->completed, launch);
+    }
+  }
+}
+
+__device__ inline void FillOutputs(const LaunchArgs& a) {
+  for (int i = 0; i < a.num_segments; ++i) FillBytes(a.segments[i].out, a.segments[i].bytes);
+}
+
+// Call headers: block 0's threads 0..world-1 each send the launch signature
+// to one peer as an LL packet, and later compare what that peer sent.
+__device__ inline void SendHeader(const ProtocolArgs& a, uint64_t launch) {
+  const int peer = threadIdx.x;
+  if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return;
+  const uint32_t flag = LaunchFlag(launch);
+  LLPacket* slot = &ControlOf(a.workspaces[peer])->headers[launch & 1][a.rank];
+  StoreVolatile16(slot, make_uint4(static_cast<uint32_t>(a.signature), flag,
+                                   static_cast<uint32_t>(a.signature >> 32), flag));
+}
+
+// Returns false if the wait was given up (the rank is then aborted).
+__device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
+  const int peer = threadIdx.x;
+  if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return true;
+  const uint64_t launch = waiter.launch();
+  const uint32_t flag = LaunchFlag(launch);
+  const LLPacket* slot = &ControlOf(a.workspaces[a.rank])->headers[launch & 1][peer];
+  uint4 v = LoadVolatile16(slot);
+  while (v.y != flag || v.w != flag) {
+    if (!waiter.KeepWaiting(peer)) return false;
+    v = LoadVolatile16(slot);
+  }
+  const uint64_t theirs = (static_cast<uint64_t>(v.z) << 32) | v.x;
+  if (theirs != a.signature) {
+    Abort(a, EncodeAbort(kMismatch, a.rank, peer), launch);
+    return false;
+  }
+  return true;
+}
+
+// LL slot of `sender` in rank `owner`'s LL half `parity` (slot_bytes each).
+__device__ __forceinline__ LLPacket* PacketSlot(const ProtocolArgs& a, int owner, int parity,
+                                                uint64_t slot_bytes, int sender) {
+  return reinterpret_cast<LLPacket*>(LLHalf(a, owner, parity) + sender * slot_bytes);
+}
+
+// Sends 16 data bytes as LL packets `packet` and `packet + 1` of slot `rank`
+// in every peer's LL half, starting with the next rank to spread the load.
+__device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity,
+                                               uint64_t slot_bytes, uint64_t packet, uint4 data,
+                                               uint32_t flag) {
+  const uint4 lo = make_uint4(data.x, flag, data.y, flag);
+  const uint4 hi = make_uint4(data.z, flag, data.w, flag);
+  for (int step = 1; step < a.world; ++step) {
+    LLPacket* dst = PacketSlot(a, (a.rank + step) % a.world, parity, slot_bytes, a.rank) + packet;
+    StoreVolatile16(dst, lo);
+    StoreVolatile16(dst + 1, hi);
+  }
+}
+
+// The 16 data bytes of LL packets p[0], p[1]; zeros and ok=false if the
+// wait is given up.
+__device__ __forceinline__ uint4 ReadPacketPair(const LLPacket* p, uint32_t flag, Waiter& waiter,
+                                                int peer, bool& ok) {
+  if (!ok) return make_uint4(0, 0, 0, 0);
+  uint4 lo = LoadVolatile16(p);
+  uint4 hi = LoadVolatile16(p + 1);
+  while (lo.y != flag || lo.w != flag) {
+    if (!waiter.KeepWaiting(peer)) {
+      ok = false;
+      return make_uint4(0, 0, 0, 0);
+    }
+    lo = LoadVolatile16(p);
+  }
+  while (hi.y != flag || hi.w != flag) {
+    if (!waiter.KeepWaiting(peer)) {
+      ok = false;
+      return make_uint4(0, 0, 0, 0);
+    }
+    hi = LoadVolatile16(p + 1);
+  }
+  return make_uint4(lo.x, lo.z, hi.x, hi.z);
+}
+
+// Block-wide: raise this block's flag of `phase` at every peer once all of
+// the block's stores for that phase are done.
+__device__ __forceinline__ void SignalPeers(const ProtocolArgs& a, int phase, uint64_t launch) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int i = 1; i < a.world; ++i) {
+      const int peer = (a.rank + i) % a.world;
+      StoreReleaseSys(&ControlOf(a.workspaces[peer])->flags[phase][a.rank][blockIdx.x], launch);
+    }
+  }
+}
+
+// Block-wide: wait until the same block of every peer has signalled `phase`.
+// Returns false for the whole block if any wait was given up.
+__device__ __forceinline__ bool WaitForPeers(const ProtocolArgs& a, int phase, Waiter& waiter) {
+  bool ok = true;
+  const int peer = threadIdx.x;
+  if (peer < a.world && peer != a.rank) {
+    const uint64_t* flag = &ControlOf(a.workspaces[a.rank])->flags[phase][peer][blockIdx.x];
+    while (LoadAcquireSys(flag) < waiter.launch()) {
+      if (!waiter.KeepWaiting(peer)) {
+        ok = false;
+        break;
+      }
+    }
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
+// Index of the segment holding packed offset x (< a.bytes); segments are
+// contiguous in the packed range, so the one starting last at or before x.
+__device__ __forceinline__ int FindSegment(const LaunchArgs& a, uint64_t x, int hint) {
+  if (hint < a.num_segments && a.segments[hint].offset <= x &&
+      (hint + 1 == a.num_segments || x < a.segments[hint + 1].offset)) {
+    return hint;
+  }
+  int lo = 0, hi = a.num_segments - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.segments[mid].offset <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// 16 bytes of a segment's input from byte `rel` on; bytes past its end read
+// as zero. Partial or unaligned vectors go 2 bytes at a time (every element
+// type is a multiple of 2 bytes and XLA aligns buffers to their element).
+__device__ __forceinline__ uint4 LoadSegment(const SegmentArg& s, uint64_t rel) {
+  const auto* p = static_cast<const std::byte*>(s.in) + rel;
+  const uint64_t valid = s.bytes - rel < 16 ? s.bytes - rel : 16;
+  if (valid == 16 && s.aligned) return LoadInput16(p);
+  uint32_t w[4] = {0, 0, 0, 0};
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  for (uint64_t k = 0; k < valid / 2; ++k) w[k / 2] |= static_cast<uint32_t>(h[k]) << (16 * (k % 2));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Stores the part of a vector that lies inside the segment's output.
+__device__ __forceinline__ void StoreSegment(const SegmentArg& s, uint64_t rel, uint4 v) {
+  auto* p = static_cast<std::byte*>(s.out) + rel;
+  const uint64_t valid = s.bytes - rel < 16 ? s.bytes - rel : 16;
+  if (valid == 16 && s.aligned) {
+    Store16(p, v);
+    return;
+  }
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  auto* h = reinterpret_cast<uint16_t*>(p);
+  for (uint64_t k = 0; k < valid / 2; ++k) h[k] = static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2)));
+}
+
+}  // namespace jax_ar::gpu
