@@ -75,35 +75,42 @@ def scenario_disagree(mesh):
     _, x4s = sharded(mesh, 4)
     _, x8s = sharded(mesh, 8)
     _, xbs = sharded(mesh, 4, dtype=jnp.bfloat16)
-    # name -> ((function, args) this rank calls, what the error names on CPU)
+    # name -> (variant(is_odd) -> (function, args), what the error names on CPU)
     cases = {
-        "size": lambda: ((reducer(mesh), (x8s if odd else x4s,)), ("float32[4]", "float32[8]")),
-        "dtype": lambda: ((reducer(mesh), (xbs if odd else x4s,)), ("float32[4]", "bfloat16[4]")),
-        "op": lambda: ((reducer(mesh, op="max" if odd else "sum"), (x4s,)), ("sum", "max")),
-        "algorithm": lambda: ((reducer(mesh, algorithm="twoshot" if odd else "oneshot"), (x4s,)),
-                              ("oneshot", "twoshot")),
-        "arrays": lambda: ((reducer(mesh, leaves=2 if odd else 1), (x4s, x8s) if odd else (x4s,)),
-                           ("2 arrays",)),
+        "size": (lambda o: (reducer(mesh), (x8s if o else x4s,)), ("float32[4]", "float32[8]")),
+        "dtype": (lambda o: (reducer(mesh), (xbs if o else x4s,)), ("float32[4]", "bfloat16[4]")),
+        "op": (lambda o: (reducer(mesh, op="max" if o else "sum"), (x4s,)), ("sum", "max")),
+        "algorithm": (lambda o: (reducer(mesh, algorithm="twoshot" if o else "oneshot"), (x4s,)),
+                      ("oneshot", "twoshot")),
+        "arrays": (lambda o: (reducer(mesh, leaves=2 if o else 1), (x4s, x8s) if o else (x4s,)),
+                   ("2 arrays",)),
     }
     comm = setup(mesh)
     big_rows = comm.capacity_bytes("oneshot") // 4 + 1000  # two rounds through the workspace
     comm.close()
-    cases["multi-round size"] = lambda: (
-        (reducer(mesh, algorithm="oneshot"), (sharded(mesh, big_rows if odd else 1000)[1],)),
+    cases["multi-round size"] = (
+        lambda o: (reducer(mesh, algorithm="oneshot"),
+                   (sharded(mesh, big_rows if o else 1000)[1],)),
         ("float32[1000]",))
     if hasattr(jax_ar, "all_reduce_rms_norm"):
-        cases["operation"] = lambda: (_norm_or_reduce(mesh, odd), ("all_reduce_rms_norm",))
+        cases["operation"] = (lambda o: _norm_or_reduce(mesh, o), ("all_reduce_rms_norm",))
     if hasattr(jax_ar, "reduce_scatter"):
-        cases["reduce_scatter"] = lambda: (_scatter_or_reduce(mesh, odd), ("reduce_scatter",))
+        cases["reduce_scatter"] = (lambda o: _scatter_or_reduce(mesh, o), ("reduce_scatter",))
 
-    for seed, (name, build) in enumerate(cases.items()):
+    for seed, (name, (variant, fragments)) in enumerate(cases.items()):
         comm = setup(mesh, timeout_s=30.0)  # errors must come at once, not at this deadline
-        jax.block_until_ready(reducer(mesh)(x4s))  # a good call first
-        (fn, args), fragments = build()
-        compiled = fn.lower(*args).compile()  # compile outside the timed part
-        expect_failure(comm, lambda: compiled(*args), f"disagree/{name}",
+        good = reducer(mesh)
+        jax.block_until_ready(good(x4s))  # a good call first
+        # Every rank compiles both variants (on GPUs XLA's sharded autotuning
+        # waits for every process to compile a program), outside the timed part.
+        compiled = {}
+        for is_odd in (False, True):
+            fn, args = variant(is_odd)
+            compiled[is_odd] = (fn.lower(*args).compile(), args)
+        call, args = compiled[odd]
+        expect_failure(comm, lambda: call(*args), f"disagree/{name}",
                        must_name=("disagree",) + (() if ON_GPU else fragments))
-        expect_failure(comm, lambda: reducer(mesh)(x4s), f"disagree/{name}: next call")
+        expect_failure(comm, lambda: good(x4s), f"disagree/{name}: next call")
         expect_check_fails(comm, f"disagree/{name}")
         comm.close()
         fresh = setup(mesh)
@@ -153,9 +160,11 @@ def scenario_skip(mesh):
     f = reducer(mesh)
 
     # (a) odd skips the call on x and makes the next one (on y): all fail.
+    # (Every rank compiles both programs: see scenario_disagree.)
     comm = setup(mesh, timeout_s=30.0)
-    jax.block_until_ready(f(xs))
-    expect_failure(comm, lambda: f(ys if odd else xs), "skip/then-other-call",
+    on_x, on_y = f.lower(xs).compile(), f.lower(ys).compile()
+    jax.block_until_ready(on_x(xs))
+    expect_failure(comm, lambda: on_y(ys) if odd else on_x(xs), "skip/then-other-call",
                    must_name=("disagree",))
     comm.close()
 
