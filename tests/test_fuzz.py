@@ -4,9 +4,10 @@ run in launched ranks, so a crash fails the test with the case it hit).
 
 See tests/workers/fuzz_worker.py for the cases.
 """
-from multiprocess import run_ranks
+from multiprocess import ON_GPU, run_ranks
 
-RANDOM_CASES = 100
+# Each case compiles a program; GPU compiles are slower, so fewer random ones.
+RANDOM_CASES = 20 if ON_GPU else 100
 SEED = 0
 
 
