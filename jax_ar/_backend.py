@@ -49,8 +49,11 @@ class Backend(abc.ABC):
     def failure(self, comm_id: int, device) -> str:
         return self.module.failure(comm_id, self.ordinal(device))
 
-    def close(self, comm_id: int) -> None:
-        self.module.close_comm(comm_id)
+    def close(self, comm_id: int, linger_s: float = 0.0) -> list[str]:
+        """Releases the communicator's ranks in this process; returns messages
+        about peers that started calls these ranks never made (a backend
+        that can tell waits up to `linger_s` for the peers to close)."""
+        return list(self.module.close_comm(comm_id) or [])
 
 
 class HostBackend(Backend):
@@ -79,10 +82,11 @@ class HostBackend(Backend):
     def after_mapping(self, comm_id):
         self.module.unlink_workspaces(comm_id)
 
-    def close(self, comm_id):
-        self.module.close_comm(comm_id)
+    def close(self, comm_id, linger_s=0.0):
+        diverged = list(self.module.close_comm(comm_id, linger_s))
         for key in [k for k in self._opened if k[0] == comm_id]:
             del self._opened[key]
+        return diverged
 
 
 _backends: dict[str, Backend] = {}

@@ -14,7 +14,6 @@ import atexit
 import collections
 import hashlib
 import os
-import socket
 import threading
 
 import jax
@@ -22,7 +21,7 @@ import numpy as np
 
 from . import config
 from ._backend import backend_for
-from ._kv import KeyValueExchange
+from ._kv import KeyValueExchange, machine_identity
 from .errors import JaxArError
 
 __all__ = ["Communicator", "setup"]
@@ -31,6 +30,7 @@ VERSION = "0.1.0"
 MAX_RANKS = 16  # cuda/common/protocol.h kMaxRanks
 CONTROL_BYTES = 64 * 1024  # cuda/common/protocol.h kControlBytes
 MIN_WORKSPACE_BYTES = 1 << 20
+MAX_WORKSPACE_BYTES = 1 << 40  # more than any GPU or /dev/shm holds; keeps sizes in int64
 DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "gpu": 64 << 20}
 
 _lock = threading.RLock()
@@ -74,7 +74,9 @@ class Communicator:
         return slot if algorithm == "oneshot" else slot * self.world_size
 
     def check(self) -> None:
-        """Raises JaxArError if a call on any local rank has failed."""
+        """Raises JaxArError if a call has failed on a local rank, or (where
+        the backend can tell) on a peer: the communicator is then unusable
+        until close() and a new setup()."""
         if self._closed:
             raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} is closed")
         if self._backend is None:
@@ -82,23 +84,35 @@ class Communicator:
         for device, rank in self.local_ranks.items():
             failure = self._backend.failure(self.comm_id, device)
             if failure:
-                raise JaxArError(f"jax_ar: rank {rank} ({device}) failed: {failure}")
+                raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} has "
+                                 f"failed (seen from rank {rank}, {device}): {failure}")
 
     def close(self) -> None:
-        """Releases workspaces and peer mappings. Compiled functions that used
-        this communicator are dropped from JAX's caches, so the next call
-        retraces against whatever communicator is set up then."""
+        """Releases workspaces and peer mappings, after any call running on
+        this process's ranks has ended. Peers still waiting for this process
+        stop at once with an error. Compiled functions that used this
+        communicator are dropped from JAX's caches, so the next call retraces
+        against whatever communicator is set up then. Never raises; if a peer
+        has started a call that this process never made, that is logged as
+        an error (the peer's call fails)."""
+        self._close(linger_s=0.0)
+
+    def _close(self, linger_s: float) -> list[str]:
+        diverged = []
         with _lock:
             if self._closed:
-                return
+                return diverged
             self._closed = True
             if self._backend is not None:
-                self._backend.close(self.comm_id)
+                diverged = self._backend.close(self.comm_id, linger_s) or []
             for key, comm in list(_open.items()):
                 if comm is self:
                     del _open[key]
+        for text in diverged:
+            config.logger.error("jax_ar: %s", text)
         if self._backend is not None:
             jax.clear_caches()
+        return diverged
 
     def __enter__(self):
         return self
@@ -126,12 +140,15 @@ def setup(mesh, axis_name, workspace_bytes=None, timeout_s=None) -> Communicator
     if workspace_bytes is None:
         workspace_bytes = DEFAULT_WORKSPACE_BYTES.get(platform, MIN_WORKSPACE_BYTES)
     elif isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)):
-        raise TypeError(f"workspace_bytes must be an int, got {workspace_bytes!r}")
-    elif workspace_bytes < MIN_WORKSPACE_BYTES:
-        raise ValueError(f"workspace_bytes must be at least {MIN_WORKSPACE_BYTES} "
-                         f"(1 MiB), got {workspace_bytes}")
+        raise TypeError(f"jax_ar.setup: workspace_bytes must be an int, got {workspace_bytes!r}")
+    elif not MIN_WORKSPACE_BYTES <= workspace_bytes <= MAX_WORKSPACE_BYTES:
+        raise ValueError(f"jax_ar.setup: workspace_bytes must be between {MIN_WORKSPACE_BYTES} "
+                         f"(1 MiB) and {MAX_WORKSPACE_BYTES} (1 TiB), got {workspace_bytes}")
     workspace_bytes = int(workspace_bytes) // 4096 * 4096
-    timeout = config.resolve_timeout(timeout_s)
+    try:
+        timeout = config.resolve_timeout(timeout_s)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"jax_ar.setup: {e}") from None
 
     key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, tuple(mesh.axis_names),
            axis_name)
@@ -188,15 +205,7 @@ def _stable_id(key, generation) -> int:
 def host_identity() -> str:
     """What makes two processes "the same host": JAX_AR_HOST_ID if set (tests
     use it to make processes stand in for hosts), else hostname and boot id."""
-    override = os.environ.get("JAX_AR_HOST_ID")
-    if override:
-        return override
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    return os.environ.get("JAX_AR_HOST_ID") or machine_identity()
 
 
 def _table_digest(comm: Communicator) -> str:
@@ -261,17 +270,25 @@ def _connect(comm: Communicator) -> None:
     exchange = KeyValueExchange(f"jax_ar/{comm.comm_id}", me, processes, comm.timeout_s, describe)
     try:
         _establish(comm, backend, exchange, me, label, describe)
-    except BaseException:
+    except BaseException as e:
+        exchange.publish_failure(f"{type(e).__name__}: {e}")
         backend.close(comm.comm_id)
         raise
 
 
 def _establish(comm, backend, exchange, me, label, describe):
+    # Every process is here before any creates a named workspace: a process
+    # killed while it waits for a missing peer then leaves nothing in /dev/shm.
+    exchange.barrier("arrived")
     nbytes = comm.workspace_bytes
     local_devices = list(comm.local_ranks)
     handles, addresses = {}, {}
     for d in local_devices:
-        handles[d.id], addresses[d.id] = backend.create(comm.comm_id, d, nbytes)
+        try:
+            handles[d.id], addresses[d.id] = backend.create(comm.comm_id, d, nbytes)
+        except (RuntimeError, OSError, MemoryError) as e:
+            raise JaxArError(f"jax_ar.setup: {describe(me)} could not allocate its "
+                             f"{nbytes}-byte workspace (workspace_bytes) on {d}: {e}") from e
     info = exchange.all_gather("info", {
         "fingerprint": _fingerprint(comm),
         "host": host_identity(),
@@ -328,10 +345,20 @@ def _establish(comm, backend, exchange, me, label, describe):
         comm._backend = None
 
 
-@atexit.register
-def _close_all() -> None:
+def close_all() -> list[str]:
+    """Closes every open communicator at the end of the program; returns the
+    calls that peers made and this process did not (the launcher fails a
+    rank whose script ends with any). Each close waits up to the
+    communicator's deadline for its peers to close too, so that such calls
+    are seen for certain (in a job of several processes, jax.distributed's
+    shutdown waits for every peer anyway)."""
+    skipped = []
     for comm in open_communicators():
         try:
-            comm.close()
+            skipped += comm._close(linger_s=comm.timeout_s)
         except Exception:  # exit must go on; the OS reclaims what is left
             pass
+    return skipped
+
+
+atexit.register(close_all)

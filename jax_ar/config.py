@@ -22,9 +22,14 @@ __all__ = [
 
 ALGORITHMS = ("auto", "oneshot", "twoshot", "psum")
 
-# Long enough for ranks that finish compiling at different times on a loaded
-# machine, short enough that a missing peer is reported well inside a minute.
-DEFAULT_TIMEOUT_S = 20.0
+# How long a rank waits for a peer that is alive but not coming (a skipped
+# call, a stuck or slow process); a peer that failed, closed or died is
+# noticed at once on CPU devices. Long enough for ranks that finish
+# compiling at different times on a loaded machine; short enough that start-
+# up plus the deadline plus the launcher's grace stays under 30 s (see
+# docs/guarantees.md). Raise it (JAX_AR_TIMEOUT_S) when compile times differ
+# more than that between ranks.
+DEFAULT_TIMEOUT_S = 15.0
 
 logger = logging.getLogger("jax_ar")
 _level = os.environ.get("JAX_AR_LOG", "").strip().upper()

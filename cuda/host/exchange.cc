@@ -11,40 +11,12 @@
 #include <utility>
 
 #include "host/numeric.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#endif
+#include "host/process_liveness.h"
 
 namespace jax_ar::host {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// XLA:CPU runs its threads with subnormals flushed to zero; jax_ar's results
-// must be exact for every bit pattern, so reductions run with them kept.
-class KeepSubnormals {
- public:
-#if defined(__x86_64__) || defined(__i386__)
-  static constexpr unsigned kFlushBits = 0x8040;  // MXCSR flush-to-zero | denormals-are-zero
-  KeepSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFlushBits); }
-  ~KeepSubnormals() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-#elif defined(__aarch64__)
-  static constexpr uint64_t kFlushBit = 1ull << 24;  // FPCR.FZ
-  KeepSubnormals() {
-    __asm__ volatile("mrs %0, fpcr" : "=r"(saved_));
-    const uint64_t cleared = saved_ & ~kFlushBit;
-    __asm__ volatile("msr fpcr, %0" : : "r"(cleared));
-  }
-  ~KeepSubnormals() { __asm__ volatile("msr fpcr, %0" : : "r"(saved_)); }
-
- private:
-  uint64_t saved_;
-#endif
-};
 
 // Spins briefly, then yields, then sleeps: CI runs eight ranks on two cores,
 // where a rank that keeps its core would starve the peer it waits for.
@@ -65,11 +37,56 @@ class Backoff {
   int count_ = 0;
 };
 
-uint64_t LoadAcquire(const uint64_t& word) {
-  return std::atomic_ref<const uint64_t>(word).load(std::memory_order_acquire);
+// How often a waiting rank looks at its peers' health (and whether the
+// process it waits for still exists): cheap, and fast next to any deadline.
+constexpr auto kPeerCheckInterval = std::chrono::milliseconds(10);
+
+// Words in a workspace are written by one process and read by others.
+template <typename T>
+T LoadAcquire(const T& word) {
+  return std::atomic_ref<T>(const_cast<T&>(word)).load(std::memory_order_acquire);
 }
-void StoreRelease(uint64_t& word, uint64_t value) {
-  std::atomic_ref<uint64_t>(word).store(value, std::memory_order_release);
+template <typename T>
+void StoreRelease(T& word, T value) {
+  std::atomic_ref<T>(word).store(value, std::memory_order_release);
+}
+
+RankStatus& StatusOf(const RankState& state, int rank) { return state.control(rank).status; }
+
+RankHealth HealthOf(const RankState& state, int rank) {
+  return static_cast<RankHealth>(LoadAcquire(StatusOf(state, rank).health));
+}
+
+// Records this rank's first failure and publishes it to the peers (the text
+// before the health word, which is stored with release order).
+void RecordFailure(RankState& state, uint64_t epoch, const std::string& text) {
+  std::lock_guard<std::mutex> lock(state.failure_mutex);
+  if (!state.failure.empty()) return;
+  state.failure = text;
+  RankStatus& status = StatusOf(state, state.rank);
+  std::snprintf(status.failure, sizeof(status.failure), "%s", text.c_str());
+  status.failed_epoch = epoch;
+  StoreRelease(status.health, static_cast<uint32_t>(RankHealth::kFailed));
+}
+
+// "rank P failed: ..." for the first peer that has failed in a call up to
+// `up_to_epoch`, or "".
+std::string FailedPeer(const RankState& state, uint64_t up_to_epoch = UINT64_MAX) {
+  for (int peer = 0; peer < state.world; ++peer) {
+    if (peer == state.rank || HealthOf(state, peer) != RankHealth::kFailed) continue;
+    const RankStatus& status = StatusOf(state, peer);
+    if (status.failed_epoch > up_to_epoch) continue;
+    char text[sizeof(status.failure) + 32];
+    std::snprintf(text, sizeof(text), "rank %d failed: %.*s", peer,
+                  static_cast<int>(sizeof(status.failure)), status.failure);
+    return text;
+  }
+  return "";
+}
+
+ProcessIdentity OwnerOf(const RankState& state, int rank) {
+  const RankStatus& status = StatusOf(state, rank);
+  return {status.owner_pid, status.owner_pid_namespace, status.owner_start_ticks};
 }
 
 // Bytes of one slot: a sender's share of a data half.
@@ -172,7 +189,9 @@ class Round {
   Round(RankState& state, const Message& message, size_t begin, size_t end, uint32_t index,
         uint32_t count)
       : state_(state), message_(message), begin_(begin), end_(end) {
-    epoch_ = ++state.control(state.rank).epoch;
+    uint64_t& calls = state.control(state.rank).epoch;
+    epoch_ = calls + 1;
+    StoreRelease(calls, epoch_);
     header_.epoch = epoch_;
     header_.signature = message.signature;
     header_.packed_bytes = message.packed_bytes;
@@ -290,18 +309,33 @@ class Round {
 
   ffi::Error WaitFor(int sender, int phase) {
     const Mailbox& box = state_.control(state_.rank).mailboxes[sender];
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(state_.timeout_s));
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(state_.timeout_s));
+    auto next_check = start + kPeerCheckInterval;
     Backoff backoff;
     while (LoadAcquire(box.flags[phase]) < epoch_) {
-      if (Clock::now() > deadline) {
+      const auto now = Clock::now();
+      if (now >= next_check) {
+        next_check = now + kPeerCheckInterval;
+        if (std::string why = WhySenderWontCome(sender); !why.empty()) {
+          char text[1536];
+          std::snprintf(text, sizeof(text),
+                        "rank %d of %s stopped waiting for rank %d in %s (exchange %llu) because "
+                        "%s. The communicator is unusable until close() and a new setup().",
+                        state_.rank, state_.label.c_str(), sender, message_.description.c_str(),
+                        static_cast<unsigned long long>(epoch_), why.c_str());
+          return Fail(ffi::ErrorCode::kAborted, text);
+        }
+      }
+      if (now > deadline) {
         char text[512];
         std::snprintf(text, sizeof(text),
-                      "rank %d of %s timed out after %.1f s waiting for rank %d in all_reduce "
-                      "(%s, call %llu). Rank %d never reached this call: it may have crashed, "
-                      "skipped the call, or be stuck. The communicator is unusable until "
-                      "close() and a new setup().",
+                      "rank %d of %s timed out after %.1f s waiting for rank %d in %s "
+                      "(exchange %llu). Rank %d never reached this call: it may have skipped the "
+                      "call, be stuck, or be slower than the deadline (JAX_AR_TIMEOUT_S, or "
+                      "timeout_s of jax_ar.setup). The communicator is unusable until close() "
+                      "and a new setup().",
                       state_.rank, state_.label.c_str(), state_.timeout_s, sender,
                       message_.description.c_str(), static_cast<unsigned long long>(epoch_),
                       sender);
@@ -315,20 +349,37 @@ class Round {
           theirs.rounds != header_.rounds || theirs.packed_bytes != header_.packed_bytes) {
         char text[512];
         std::snprintf(text, sizeof(text),
-                      "ranks disagree on an all_reduce of %s: rank %d called it with %s, "
-                      "rank %d with %s. Every rank must make the same calls with the same "
-                      "shapes, dtypes, op and algorithm. The communicator is unusable until "
-                      "close() and a new setup().",
-                      state_.label.c_str(), state_.rank, header_.description, sender,
-                      theirs.description);
+                      "ranks disagree on exchange %llu of %s: rank %d made %s, rank %d made %s. "
+                      "Every rank must make the same calls with the same shapes, dtypes, op "
+                      "and algorithm. The communicator is unusable until close() and a new "
+                      "setup().",
+                      static_cast<unsigned long long>(epoch_), state_.label.c_str(),
+                      state_.rank, header_.description, sender, theirs.description);
         return Fail(ffi::ErrorCode::kFailedPrecondition, text);
       }
     }
     return ffi::Error::Success();
   }
 
+  // Why `sender`, whose data this rank still waits for, will never send it:
+  // any rank has failed, or the sender has closed or its process is gone.
+  std::string WhySenderWontCome(int sender) const {
+    if (std::string failed = FailedPeer(state_); !failed.empty()) return failed;
+    if (HealthOf(state_, sender) == RankHealth::kClosed) {
+      return "rank " + std::to_string(sender) +
+             " closed the communicator (close() or the end of its process) without making "
+             "this call";
+    }
+    const ProcessIdentity owner = OwnerOf(state_, sender);
+    if (HasExited(owner)) {
+      return "the process of rank " + std::to_string(sender) + " (pid " +
+             std::to_string(owner.pid) + ") has exited without making this call";
+    }
+    return "";
+  }
+
   ffi::Error Fail(ffi::ErrorCode code, const std::string& text) {
-    state_.SetFailure(text);
+    RecordFailure(state_, epoch_, text);
     return ffi::Error(code, "jax_ar: " + text);
   }
 
@@ -363,53 +414,142 @@ Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, 
   signature = hash;
 }
 
-ffi::Error RunAllReduce(RankState& state, const Message& message) {
+namespace {
+
+// What every call does around its rounds: fail at once on a communicator
+// that failed or closed, or whose peer failed (that peer will not take
+// part); one call at a time per rank; subnormals kept; and never a result
+// from a call in which a peer failed (after sending its part, e.g. at its
+// deadline).
+template <typename RunRounds>
+ffi::Error RunCall(RankState& state, const Message& message, RunRounds&& run_rounds) {
   if (std::string failure = state.Failure(); !failure.empty()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jax_ar: this communicator failed earlier and cannot be used: " + failure);
   }
   std::lock_guard<std::mutex> lock(state.call_mutex);
+  const uint64_t calls_before = state.control(state.rank).epoch;
+  auto fail_because_of_peer = [&](const std::string& failed_peer) {
+    const std::string text = "rank " + std::to_string(state.rank) + " of " + state.label +
+                             " cannot complete " + message.description + " because " +
+                             failed_peer;
+    RecordFailure(state, calls_before + 1, text);
+    return ffi::Error(ffi::ErrorCode::kAborted, "jax_ar: " + text);
+  };
+  if (HealthOf(state, state.rank) == RankHealth::kClosed) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_ar: " + message.description + " on a closed communicator of " +
+                          state.label);
+  }
+  if (std::string failed = FailedPeer(state); !failed.empty()) return fail_because_of_peer(failed);
   KeepSubnormals keep_subnormals;
-  const size_t capacity = RoundCapacity(state, message.algorithm);
-  if (capacity == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
-  const size_t total = message.packed_bytes;
-  const uint32_t rounds = static_cast<uint32_t>(std::max<size_t>(1, (total + capacity - 1) / capacity));
-  for (uint32_t r = 0; r < rounds; ++r) {
-    const size_t begin = static_cast<size_t>(r) * capacity;
-    const size_t end = std::min(total, begin + capacity);
-    Round round(state, message, begin, end, r, rounds);
-    ffi::Error error =
-        message.algorithm == Algorithm::kOneShot ? round.OneShot() : round.TwoShot();
-    if (error.failure()) return error;
+  if (ffi::Error error = run_rounds(); error.failure()) return error;
+  const uint64_t last = state.control(state.rank).epoch;
+  if (std::string failed = FailedPeer(state, last); !failed.empty()) {
+    return fail_because_of_peer(failed);
   }
   return ffi::Error::Success();
 }
 
+}  // namespace
+
+ffi::Error RunAllReduce(RankState& state, const Message& message) {
+  return RunCall(state, message, [&]() -> ffi::Error {
+    const size_t capacity = RoundCapacity(state, message.algorithm);
+    if (capacity == 0) {
+      return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
+    }
+    const size_t total = message.packed_bytes;
+    const uint32_t rounds =
+        static_cast<uint32_t>(std::max<size_t>(1, (total + capacity - 1) / capacity));
+    for (uint32_t r = 0; r < rounds; ++r) {
+      const size_t begin = static_cast<size_t>(r) * capacity;
+      const size_t end = std::min(total, begin + capacity);
+      Round round(state, message, begin, end, r, rounds);
+      ffi::Error error =
+          message.algorithm == Algorithm::kOneShot ? round.OneShot() : round.TwoShot();
+      if (error.failure()) return error;
+    }
+    return ffi::Error::Success();
+  });
+}
+
+void InitControlBlock(std::byte* workspace) {
+  RankStatus& status = reinterpret_cast<ControlBlock*>(workspace)->status;
+  const ProcessIdentity self = SelfIdentity();
+  status.owner_pid = self.pid;
+  status.owner_pid_namespace = self.pid_namespace;
+  status.owner_start_ticks = self.start_ticks;
+}
+
+std::string CommunicatorFailure(RankState& state) {
+  if (std::string own = state.Failure(); !own.empty()) return own;
+  std::string failed = FailedPeer(state);
+  return failed.empty() ? failed : "rank " + std::to_string(state.rank) + " of " + state.label +
+                                       " is unusable because " + failed;
+}
+
+void MarkClosed(RankState& state) {
+  std::lock_guard<std::mutex> lock(state.call_mutex);
+  uint32_t& health = StatusOf(state, state.rank).health;
+  if (LoadAcquire(health) == static_cast<uint32_t>(RankHealth::kActive)) {
+    StoreRelease(health, static_cast<uint32_t>(RankHealth::kClosed));
+  }
+}
+
+std::vector<std::string> CallsNeverMade(RankState& state, double linger_s) {
+  std::vector<std::string> diverged;
+  if (!state.Failure().empty()) return diverged;  // the failure says what went wrong
+  // A peer still active may yet start a call this rank will never make
+  // (its call then fails at once: this rank is closed); wait a while to see.
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(linger_s));
+  auto all_peers_done = [&] {
+    for (int peer = 0; peer < state.world; ++peer) {
+      if (peer != state.rank && HealthOf(state, peer) == RankHealth::kActive) return false;
+    }
+    return true;
+  };
+  while (linger_s > 0 && !all_peers_done() && Clock::now() < until) {
+    timespec nap{0, 1'000'000};
+    nanosleep(&nap, nullptr);
+  }
+  const uint64_t mine = state.control(state.rank).epoch;
+  for (int peer = 0; peer < state.world; ++peer) {
+    if (peer == state.rank) continue;
+    const uint64_t theirs = LoadAcquire(state.control(peer).epoch);
+    if (theirs <= mine) continue;
+    diverged.push_back("rank " + std::to_string(state.rank) + " of " + state.label +
+                       " closed after " + std::to_string(mine) + " exchanges, but rank " +
+                       std::to_string(peer) + " started exchange " + std::to_string(theirs) +
+                       ": the ranks made different calls (this rank skipped one, or rank " +
+                       std::to_string(peer) + " made an extra one), and that exchange of rank " +
+                       std::to_string(peer) + " failed");
+  }
+  return diverged;
+}
+
 ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,
                               size_t chunk_bytes) {
-  // The same entry checks as RunAllReduce: a failed communicator fails at
-  // once; one call at a time per rank; subnormals kept.
-  if (std::string failure = state.Failure(); !failure.empty()) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jax_ar: this communicator failed earlier and cannot be used: " + failure);
-  }
-  std::lock_guard<std::mutex> lock(state.call_mutex);
-  KeepSubnormals keep_subnormals;
-  // One sender's slot bounds what a round carries of each chunk.
-  const size_t slot = SlotBytes(state, Algorithm::kOneShot);
-  if (slot == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
-  const uint32_t rounds =
-      static_cast<uint32_t>(std::max<size_t>(1, (chunk_bytes + slot - 1) / slot));
-  for (uint32_t r = 0; r < rounds; ++r) {
-    const size_t offset = std::min(chunk_bytes, static_cast<size_t>(r) * slot);
-    const size_t bytes = std::min(slot, chunk_bytes - offset);
-    Round round(state, message, offset, offset + bytes, r, rounds);
-    ffi::Error error = half == ChunkHalf::kReduceScatter
-                           ? round.ReduceScatterChunks(chunk_bytes, offset, bytes)
-                           : round.AllGatherChunks(chunk_bytes, offset, bytes);
-    if (error.failure()) return error;
-  }
-  return ffi::Error::Success();
+  return RunCall(state, message, [&]() -> ffi::Error {
+    // One sender's slot bounds what a round carries of each chunk.
+    const size_t slot = SlotBytes(state, Algorithm::kOneShot);
+    if (slot == 0) {
+      return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
+    }
+    const uint32_t rounds =
+        static_cast<uint32_t>(std::max<size_t>(1, (chunk_bytes + slot - 1) / slot));
+    for (uint32_t r = 0; r < rounds; ++r) {
+      const size_t offset = std::min(chunk_bytes, static_cast<size_t>(r) * slot);
+      const size_t bytes = std::min(slot, chunk_bytes - offset);
+      Round round(state, message, offset, offset + bytes, r, rounds);
+      ffi::Error error = half == ChunkHalf::kReduceScatter
+                             ? round.ReduceScatterChunks(chunk_bytes, offset, bytes)
+                             : round.AllGatherChunks(chunk_bytes, offset, bytes);
+      if (error.failure()) return error;
+    }
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,

@@ -12,6 +12,12 @@
 // parity, which is enough because no rank can start call e+2 before every
 // peer has finished reading call e. Messages larger than the workspace run
 // in several rounds, each a full protocol instance with its own epoch.
+//
+// Faults: a rank that fails records why in its own control block, and a rank
+// that closes says so there; a rank waiting for a peer stops at once when
+// the peer (or any other rank) has failed, when the peer has closed, or when
+// the peer's process has exited, and otherwise at its deadline. A rank never
+// returns the result of a call in which a peer failed.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +28,38 @@
 #include "common/protocol.h"
 #include "host/rank_state.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace jax_ar::host {
+
+// XLA:CPU runs its threads with subnormals flushed to zero; jax_ar's results
+// must be exact for every bit pattern, so reductions (and any arithmetic a
+// handler does on their results, such as a fused residual add) run inside
+// one of these.
+class KeepSubnormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kFlushBits = 0x8040;  // MXCSR flush-to-zero | denormals-are-zero
+  KeepSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFlushBits); }
+  ~KeepSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#elif defined(__aarch64__)
+  static constexpr uint64_t kFlushBit = 1ull << 24;  // FPCR.FZ
+  KeepSubnormals() {
+    __asm__ volatile("mrs %0, fpcr" : "=r"(saved_));
+    const uint64_t cleared = saved_ & ~kFlushBit;
+    __asm__ volatile("msr fpcr, %0" : : "r"(cleared));
+  }
+  ~KeepSubnormals() { __asm__ volatile("msr fpcr, %0" : : "r"(saved_)); }
+
+ private:
+  uint64_t saved_;
+#endif
+};
 
 // One array of the call: its input and output and where it sits in the
 // packed message (arrays start on 16-byte boundaries there).
@@ -50,10 +87,29 @@ struct Message {
 };
 
 // Runs the whole call for this rank. A failure (a peer that never arrives, a
-// peer in a different call) is recorded in `state`, so every later call of
-// the communicator fails at once with the same message.
+// peer in a different call, a peer that failed) is recorded in `state` and
+// published to the peers, so every later call of the communicator, on every
+// rank, fails at once.
 ffi::Error RunAllReduce(RankState& state, const Message& message);
 
+// Fills the status of a workspace this process has just created (zeroed):
+// the identity of the owning process, which peers use to tell a dead rank.
+void InitControlBlock(std::byte* workspace);
+
+// This rank's failure, else the first failure a peer has published; "" while
+// every rank is healthy.
+std::string CommunicatorFailure(RankState& state);
+
+// Waits for a call running on this rank to end, then marks the rank closed
+// so that peers waiting for it stop at once.
+void MarkClosed(RankState& state);
+
+// After MarkClosed (of every rank of this process): waits up to `linger_s`
+// for every peer to close or fail, then returns one message for each peer
+// that started a call this rank never made (the ranks made different calls;
+// that call of the peer fails). Lingering makes the report certain at
+// process exit, where every rank ends up waiting for its peers anyway.
+std::vector<std::string> CallsNeverMade(RankState& state, double linger_s);
 // Either half of two-shot on its own, for a message of one segment split
 // into `world` chunks of `chunk_bytes` each (not necessarily 16-byte
 // multiples). Reduce-scatter: the segment's input holds every chunk (chunk

@@ -15,6 +15,8 @@
 #include "common/registry.h"
 #include "host/all_reduce.h"
 #include "host/call_order.h"
+#include "host/exchange.h"
+#include "host/process_liveness.h"
 #include "host/rank_state.h"
 #include "host/rms_norm.h"
 #include "host/reduce_scatter_all_gather.h"
@@ -69,6 +71,7 @@ NB_MODULE(_jax_ar_host, m) {
   m.def("create_workspace",
         [](uint64_t comm_id, size_t bytes) {
           SharedMemory shm = SharedMemory::Create(bytes);
+          InitControlBlock(static_cast<std::byte*>(shm.address()));
           std::string name = shm.name();
           return std::make_tuple(name, Keep(comm_id, std::move(shm)));
         },
@@ -121,25 +124,55 @@ NB_MODULE(_jax_ar_host, m) {
         nb::arg("label"));
 
   m.def("close_comm",
-        [](uint64_t comm_id) {
-          // Rank states still held by a running call keep the mappings alive
-          // until that call returns.
-          Registry<RankState>::Instance().Remove(comm_id);
+        [](uint64_t comm_id, double linger_s) {
+          auto states = Registry<RankState>::Instance().Remove(comm_id);
+          std::vector<std::string> diverged;
+          {
+            // Waits for calls running on these ranks (at most their deadline)
+            // before telling the peers that the ranks are gone.
+            nb::gil_scoped_release release;
+            for (auto& state : states) MarkClosed(*state);
+            for (auto& state : states) {
+              for (std::string& text : CallsNeverMade(*state, linger_s)) {
+                diverged.push_back(std::move(text));
+              }
+            }
+            // Mappings go with the last reference to the rank states.
+            states.clear();
+          }
           std::lock_guard<std::mutex> lock(resources_mutex);
           resources_by_comm.erase(comm_id);
+          return diverged;
         },
-        nb::arg("comm_id"));
+        nb::arg("comm_id"), nb::arg("linger_s") = 0.0,
+        "Closes this process's ranks of the communicator; returns a message for each peer "
+        "that started a call these ranks never made (waiting up to linger_s for peers to "
+        "close or fail, to be sure).");
 
   m.def("failure",
         [](uint64_t comm_id, int device_ordinal) -> std::string {
           auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-          return state ? state->Failure() : std::string();
+          return state ? CommunicatorFailure(*state) : std::string();
         },
         nb::arg("comm_id"), nb::arg("device_ordinal"),
-        "The message of the call that broke this rank, or '' while it is healthy.");
+        "Why this rank or a peer failed, or '' while the communicator is healthy.");
 
   m.def("live_ranks", []() { return Registry<RankState>::Instance().Size(); },
         "Rank states registered in this process (for leak checks).");
+
+  m.def("process_identity",
+        []() {
+          const ProcessIdentity self = SelfIdentity();
+          return std::make_tuple(self.pid, self.pid_namespace, self.start_ticks);
+        },
+        "(pid, pid namespace, start ticks) of this process, for peers' liveness checks.");
+
+  m.def("has_exited",
+        [](uint32_t pid, uint64_t pid_namespace, uint64_t start_ticks) {
+          return HasExited(ProcessIdentity{pid, pid_namespace, start_ticks});
+        },
+        nb::arg("pid"), nb::arg("pid_namespace"), nb::arg("start_ticks"),
+        "True only if that process (from process_identity()) has certainly ended.");
 }
 
 }  // namespace jax_ar::host

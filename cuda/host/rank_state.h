@@ -36,8 +36,24 @@ struct alignas(64) Mailbox {
   CallHeader headers[2];
 };
 
+// What a rank tells its peers about itself, in its own control block: which
+// process owns the workspace (so a waiting peer can tell a dead process from
+// a slow one) and whether the rank has failed or closed (so peers waiting for
+// it stop at once instead of at their deadline).
+enum class RankHealth : uint32_t { kActive = 0, kFailed = 1, kClosed = 2 };
+
+struct RankStatus {
+  uint32_t health;               // RankHealth; stored with release order after the rest
+  uint32_t owner_pid;
+  uint64_t owner_pid_namespace;  // pids compare only within one pid namespace
+  uint64_t owner_start_ticks;    // start time of the owner, tells a reused pid apart
+  uint64_t failed_epoch;         // the call in which the rank failed
+  char failure[1024];            // the rank's own failure message
+};
+
 struct ControlBlock {
-  uint64_t epoch;  // calls this rank has started; only the owner touches it
+  uint64_t epoch;  // calls this rank has started; written only by the owner
+  RankStatus status;
   Mailbox mailboxes[kMaxRanks];
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "control block outgrew its region");

@@ -1,5 +1,6 @@
 #include "host/shm_workspace.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,14 +13,43 @@
 #include <stdexcept>
 #include <utility>
 
+#include "host/process_liveness.h"
+
 namespace jax_ar::host {
 namespace {
 
+constexpr char kPrefix[] = "jax_ar_";
+
+// jax_ar_<pid namespace>_<pid>_<start ticks>_<salt>_<n>: the creator's
+// identity is in the name, so a later process can tell a segment left by a
+// creator that died during setup (before it unlinked the name).
 std::string UniqueName() {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
-  return "/jax_ar_" + std::to_string(getpid()) + "_" + std::to_string(salt % 1000000007u) + "_" +
-         std::to_string(counter.fetch_add(1));
+  const ProcessIdentity self = SelfIdentity();
+  return "/" + std::string(kPrefix) + std::to_string(self.pid_namespace) + "_" +
+         std::to_string(self.pid) + "_" + std::to_string(self.start_ticks) + "_" +
+         std::to_string(salt % 1000000007u) + "_" + std::to_string(counter.fetch_add(1));
+}
+
+// Unlinks segments whose creator has exited (killed between creating a
+// segment and unlinking it once its peers had mapped it). Only names of this
+// pid namespace are judged; anything unreadable is left alone.
+void RemoveSegmentsOfExitedCreators() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* entry = readdir(dir)) {
+    unsigned long long ns = 0, pid = 0, ticks = 0;
+    const char* fields = entry->d_name + sizeof(kPrefix) - 1;
+    if (std::strncmp(entry->d_name, kPrefix, sizeof(kPrefix) - 1) != 0 ||
+        std::sscanf(fields, "%llu_%llu_%llu_", &ns, &pid, &ticks) != 3) {
+      continue;
+    }
+    if (HasExited(ProcessIdentity{static_cast<uint32_t>(pid), ns, ticks})) {
+      shm_unlink(("/" + std::string(entry->d_name)).c_str());
+    }
+  }
+  closedir(dir);
 }
 
 std::runtime_error SystemError(const std::string& what, const std::string& name) {
@@ -41,6 +71,7 @@ void* MapSegment(int fd, size_t bytes, const std::string& name) {
 }  // namespace
 
 SharedMemory SharedMemory::Create(size_t bytes) {
+  RemoveSegmentsOfExitedCreators();
   SharedMemory shm;
   shm.name_ = UniqueName();
   shm.bytes_ = bytes;

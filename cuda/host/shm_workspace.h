@@ -1,7 +1,9 @@
 // Workspaces of the host backend: POSIX shared-memory segments that every
 // process of a group maps. The creator unlinks the name once all peers have
 // mapped it (Communicator setup does this after a barrier), so nothing is
-// left in /dev/shm even when a process dies without cleaning up.
+// left in /dev/shm even when a process dies without cleaning up. A process
+// killed inside that short window leaves its name behind; names carry the
+// creator's identity, and every Create() removes those of exited creators.
 #pragma once
 
 #include <cstddef>
