@@ -44,16 +44,21 @@ export PYTHONUNBUFFERED=1
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
+# What one step may take: what is left, at most JAX_AR_STEP_MAX_S (so that
+# one hang cannot eat the run).
+step_budget() {
+  local budget; budget=$(left)
+  if [ -n "${JAX_AR_STEP_MAX_S:-}" ] && [ "$budget" -gt "$JAX_AR_STEP_MAX_S" ]; then
+    budget=$JAX_AR_STEP_MAX_S
+  fi
+  echo "$budget"
+}
 
 # step NAME LOG CMD...: runs CMD with what is left of the budget, appends
 # its output to LOG and a PASS/FAIL/SKIP line to the summary.
 step() {
   local name="$1" log="$2"; shift 2
-  local budget; budget=$(left)
-  # JAX_AR_STEP_MAX_S caps one step, so that one hang cannot eat the run.
-  if [ -n "${JAX_AR_STEP_MAX_S:-}" ] && [ "$budget" -gt "$JAX_AR_STEP_MAX_S" ]; then
-    budget=$JAX_AR_STEP_MAX_S
-  fi
+  local budget; budget=$(step_budget)
   if [ "$budget" -lt 30 ]; then say "SKIP  $name (budget spent)"; return 1; fi
   echo "===== $name ($(date -u +%H:%M:%S), up to ${budget}s): $*" >> "$log"
   local t0=$(date +%s) rc
@@ -107,13 +112,7 @@ stage_build() {
 # The launcher kills its ranks at its own deadline (they run in sessions of
 # their own, so the step's timeout would leave them running): give it a
 # little less than the step gets.
-launcher() {
-  local budget; budget=$(left)
-  if [ -n "${JAX_AR_STEP_MAX_S:-}" ] && [ "$budget" -gt "$JAX_AR_STEP_MAX_S" ]; then
-    budget=$JAX_AR_STEP_MAX_S
-  fi
-  echo "$PYTHON" -m jax_ar launch --platform gpu --timeout $(( budget - 20 )) -n "$1"
-}
+launcher() { echo "$PYTHON" -m jax_ar launch --platform gpu --timeout $(( $(step_budget) - 20 )) -n "$1"; }
 
 stage_smoke() {
   start_mps
@@ -184,7 +183,7 @@ stage_bench() {
   if [ -e jax_ar/bench.py ]; then
     local dir; dir="$(mktemp -d)"
     step "python -m jax_ar bench (2 ranks)" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -n 2 \
-      --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir" ${JAX_AR_BENCH_ARGS:-}
+      --timeout $(( $(step_budget) - 20 )) --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir" ${JAX_AR_BENCH_ARGS:-}
     [ -e "$dir/bench.json" ] && cp "$dir/bench.json" "$OUT/jax_ar_bench.json"
     [ -e "$dir/bench.png" ] && cp "$dir/bench.png" "$OUT/jax_ar_bench.png"
     grep -hE "^ +[0-9]+ " "$OUT/bench.log" | tail -60 >> "$SUMMARY"
