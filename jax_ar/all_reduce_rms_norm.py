@@ -228,7 +228,7 @@ def _row_fits(comm, row_bytes) -> bool:
     """Whether one row fits a round of either algorithm in every backend:
     per sender, the two-shot layout holds a row of input and a row of each
     output (16 bytes of alignment slack per region); one-shot needs less."""
-    per_sender = comm.capacity_bytes("oneshot")  # a sender's share of a data half
+    per_sender = comm.capacity_bytes("sender_share")
     return 3 * row_bytes + 48 <= per_sender
 
 

@@ -55,6 +55,7 @@ class Communicator:
         self.local_ranks = {d: rank for group in groups for rank, d in enumerate(group)
                             if d.process_index == jax.process_index()}
         self._backend = None
+        self._capacities = None
         self._closed = False
 
     @property
@@ -66,12 +67,18 @@ class Communicator:
         """True when calls run jax_ar's own kernels (not the psum fallback)."""
         return not self._closed and self.fallback_reason is None
 
-    def capacity_bytes(self, algorithm: str) -> int:
-        """Largest message one protocol round carries; larger ones take several."""
-        half = (self.workspace_bytes - CONTROL_BYTES) // 2 // 16 * 16
-        slots = self.world_size if algorithm == "oneshot" else 2 * self.world_size
-        slot = half // slots // 16 * 16
-        return slot if algorithm == "oneshot" else slot * self.world_size
+    def capacity_bytes(self, key: str) -> int:
+        """Largest message one protocol round carries (key "oneshot" or
+        "twoshot"; larger ones take several), or a sender's share of a data
+        half ("sender_share"). The compiled module of the platform answers
+        from its own workspace layout (CPU and GPU divide it differently)."""
+        if self._capacities is None:
+            try:
+                module = backend_for(self.platform).module
+            except RuntimeError:  # no module for this platform: psum serves every call
+                from ._native import host as module
+            self._capacities = dict(module.capacities(self.workspace_bytes, self.world_size))
+        return self._capacities[key]
 
     def check(self) -> None:
         """Raises JaxArError if a call has failed on a local rank, or (where

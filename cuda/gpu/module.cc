@@ -373,6 +373,24 @@ nb::capsule EncapsulateHandler(T* fn) {
 NB_MODULE(_jax_ar_cuda, m) {
   m.doc() = "jax_ar CUDA backend";
 
+  m.def("capacities",
+        [](uint64_t workspace_bytes, int world) {
+          // What one launch carries per algorithm (all_reduce.cc: one-shot LL
+          // packets hold 8 data bytes in 16; two-shot fills a plain slot per
+          // rank), and a sender's share of a plain half (the fused kernel's
+          // two-shot rows).
+          const DataLayout layout = LayoutOf(workspace_bytes);
+          const uint64_t ll_slot = AlignDown(layout.ll_half / world);
+          const uint64_t plain_slot = AlignDown(layout.plain_half / (2 * world));
+          nb::dict out;
+          out["oneshot"] = AlignDown(ll_slot / 2);
+          out["twoshot"] = plain_slot * world;
+          out["sender_share"] = layout.plain_half / world;
+          return out;
+        },
+        nb::arg("workspace_bytes"), nb::arg("world"),
+        "Bytes one launch carries per algorithm, and a sender's share of a plain half.");
+
   m.def("registrations", []() {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);

@@ -14,6 +14,16 @@
 #include "host/process_liveness.h"
 
 namespace jax_ar::host {
+
+size_t SlotBytes(const RankState& state, Algorithm algorithm) {
+  const size_t slots = algorithm == Algorithm::kOneShot ? state.world : 2 * state.world;
+  return AlignDown(state.half_bytes() / slots);
+}
+
+size_t RoundCapacity(const RankState& state, Algorithm algorithm) {
+  const size_t slot = SlotBytes(state, algorithm);
+  return algorithm == Algorithm::kOneShot ? slot : slot * state.world;
+}
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -87,18 +97,6 @@ std::string FailedPeer(const RankState& state, uint64_t up_to_epoch = UINT64_MAX
 ProcessIdentity OwnerOf(const RankState& state, int rank) {
   const RankStatus& status = StatusOf(state, rank);
   return {status.owner_pid, status.owner_pid_namespace, status.owner_start_ticks};
-}
-
-// Bytes of one slot: a sender's share of a data half.
-size_t SlotBytes(const RankState& state, Algorithm algorithm) {
-  const size_t slots = algorithm == Algorithm::kOneShot ? state.world : 2 * state.world;
-  return AlignDown(state.half_bytes() / slots);
-}
-
-// The largest packed range one round can carry.
-size_t RoundCapacity(const RankState& state, Algorithm algorithm) {
-  const size_t slot = SlotBytes(state, algorithm);
-  return algorithm == Algorithm::kOneShot ? slot : slot * state.world;
 }
 
 // Slot `sender` of `phase` in rank `owner`'s data half for `epoch`.

@@ -74,6 +74,13 @@ struct Segment {
 // `operation` names the public call the exchange serves ("all_reduce",
 // "all_reduce_rms_norm", ...); it is part of the signature, so ranks making
 // different calls with equal operands get an error, not each other's data.
+// Bytes of one slot: a sender's share of a data half (one-shot), or of its
+// phase (two-shot).
+size_t SlotBytes(const RankState& state, Algorithm algorithm);
+
+// The largest packed range one round of `algorithm` carries.
+size_t RoundCapacity(const RankState& state, Algorithm algorithm);
+
 struct Message {
   Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world,
           const char* operation = "all_reduce");

@@ -157,6 +157,22 @@ NB_MODULE(_jax_ar_host, m) {
         nb::arg("comm_id"), nb::arg("device_ordinal"),
         "Why this rank or a peer failed, or '' while the communicator is healthy.");
 
+  m.def("capacities",
+        [](size_t workspace_bytes, int world) {
+          // What the protocol of a rank with this workspace carries per round,
+          // from the same functions the handlers use.
+          RankState state;
+          state.world = world;
+          state.workspace_bytes = workspace_bytes;
+          nb::dict out;
+          out["oneshot"] = RoundCapacity(state, Algorithm::kOneShot);
+          out["twoshot"] = RoundCapacity(state, Algorithm::kTwoShot);
+          out["sender_share"] = SlotBytes(state, Algorithm::kOneShot);
+          return out;
+        },
+        nb::arg("workspace_bytes"), nb::arg("world"),
+        "Bytes one round carries per algorithm, and a sender's share of a data half.");
+
   m.def("live_ranks", []() { return Registry<RankState>::Instance().Size(); },
         "Rank states registered in this process (for leak checks).");
 
