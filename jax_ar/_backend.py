@@ -46,6 +46,11 @@ class Backend(abc.ABC):
         self.module.register_rank(comm_id, self.ordinal(device), rank, world, addresses, nbytes,
                                   timeout_s, label)
 
+    def physical_id(self, device) -> str | None:
+        """Identity of the hardware behind `device` (None where it does not
+        matter): ranks on the same hardware cannot use psum (NCCL refuses)."""
+        return None
+
     def failure(self, comm_id: int, device) -> str:
         return self.module.failure(comm_id, self.ordinal(device))
 

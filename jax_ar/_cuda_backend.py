@@ -27,6 +27,9 @@ class CudaBackend(Backend):
         # (its stream executor's ordinal) to FFI handlers as DeviceOrdinal.
         return device.local_hardware_id
 
+    def physical_id(self, device) -> str:
+        return self.module.device_uuid(self.ordinal(device))
+
     def create(self, comm_id, device, nbytes):
         handle, address = self.module.create_workspace(comm_id, self.ordinal(device), nbytes)
         return handle, address

@@ -52,6 +52,9 @@ class Communicator:
         self.timeout_s = timeout_s
         self.comm_id = comm_id
         self.fallback_reason: str | None = None
+        # Why psum cannot serve this axis (ranks sharing a GPU), or None;
+        # algorithm="auto" then never picks it.
+        self.psum_unavailable: str | None = None
         self.local_ranks = {d: rank for group in groups for rank, d in enumerate(group)
                             if d.process_index == jax.process_index()}
         self._backend = None
@@ -300,6 +303,7 @@ def _establish(comm, backend, exchange, me, label, describe):
         "fingerprint": _fingerprint(comm),
         "host": host_identity(),
         "handles": {str(k): v for k, v in handles.items()},
+        "hardware": {str(d.id): backend.physical_id(d) for d in local_devices},
     })
 
     mine = info[me]["fingerprint"]
@@ -323,6 +327,16 @@ def _establish(comm, backend, exchange, me, label, describe):
                         f"jax_ar: {comm.fallback_reason}; psum serves it")
         backend.close(comm.comm_id)
         return
+
+    hardware_of = {int(k): (host_of[p], h) for p, v in info.items()
+                   for k, h in v["hardware"].items() if h is not None}
+    for group in comm.groups:
+        shared = [d for d in group if d.id in hardware_of
+                  and sum(hardware_of.get(e.id) == hardware_of[d.id] for e in group) > 1]
+        if shared:
+            comm.psum_unavailable = (f"ranks of {label} share a GPU ({shared[0]} with others), "
+                                     "where NCCL refuses to run")
+            break
 
     handle_of = {int(k): (p, h) for p, v in info.items() for k, h in v["handles"].items()}
     for d, rank in comm.local_ranks.items():

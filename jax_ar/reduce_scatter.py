@@ -97,8 +97,10 @@ batching.primitive_batchers[reduce_scatter_p] = _batch
 def scatter_rows(x, axis_name, op, comm):
     """Rank j gets row j of `x` ([world, ...]) reduced over the ranks of
     `comm`'s axis. x must already vary over the axis when check_vma is on."""
-    if x.size == 0:  # nothing to exchange; any [..] slice has the right type
-        return x[0]
+    if x.size == 0:  # nothing to exchange: a constant of the result's type
+        empty = jnp.zeros(x.shape[1:], x.dtype)
+        varying = tuple(sorted(_compat.varying_axes(jax.typeof(x))))
+        return _compat.pcast_to_varying(empty, varying) if varying else empty
     return reduce_scatter_p.bind(x, axis_name=axis_name, op=op, comm_id=comm.comm_id,
                                  world_size=comm.world_size, vma=_compat.check_vma_enabled())
 

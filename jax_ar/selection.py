@@ -126,13 +126,14 @@ def predict_all(table: Table, nbytes: int,
 
 
 def choose_algorithm(platform: str, world: int, nbytes: int, *, device_kind: str | None = None,
-                     capacity_bytes: Callable[[str], int] | None = None) -> str:
+                     capacity_bytes: Callable[[str], int] | None = None,
+                     candidates: tuple = CANDIDATES) -> str:
     """The candidate with the lowest predicted time (ties go to the earlier
     one in CANDIDATES). `capacity_bytes(algorithm)` is what one round
     carries (Communicator.capacity_bytes); None means unlimited."""
     table = table_for(platform, device_kind, world)
     predictions = predict_all(table, nbytes, capacity_bytes)
-    best = min(CANDIDATES, key=lambda a: predictions[a])
+    best = min(candidates, key=lambda a: predictions[a])
     size_class = max(0, nbytes - 1).bit_length()  # log once per power-of-two class
     config.log_once(
         ("choice", platform, device_kind, world, size_class, best, table.source),
@@ -145,6 +146,7 @@ def choose_algorithm(platform: str, world: int, nbytes: int, *, device_kind: str
 def choose_for(comm, nbytes: int) -> str:
     """choose_algorithm for a message of `nbytes` over communicator `comm`
     (its platform, world size, device kind and workspace rounds)."""
+    candidates = tuple(a for a in CANDIDATES if a != "psum" or not comm.psum_unavailable)
     return choose_algorithm(comm.platform, comm.world_size, nbytes,
                             device_kind=comm.groups[0][0].device_kind,
-                            capacity_bytes=comm.capacity_bytes)
+                            capacity_bytes=comm.capacity_bytes, candidates=candidates)

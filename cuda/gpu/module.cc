@@ -373,6 +373,22 @@ nb::capsule EncapsulateHandler(T* fn) {
 NB_MODULE(_jax_ar_cuda, m) {
   m.doc() = "jax_ar CUDA backend";
 
+  m.def("device_uuid",
+        [](int device) {
+          // Which physical GPU an ordinal is, whatever CUDA_VISIBLE_DEVICES
+          // made of the numbering: ranks on one GPU cannot use NCCL (psum).
+          cudaDeviceProp prop;
+          Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+          static const char* kHex = "0123456789abcdef";
+          std::string text;
+          for (unsigned char byte : prop.uuid.bytes) {
+            text += kHex[byte >> 4];
+            text += kHex[byte & 15];
+          }
+          return text;
+        },
+        nb::arg("device"), "The UUID of CUDA device `device`, as hex.");
+
   m.def("capacities",
         [](uint64_t workspace_bytes, int world) {
           // What one launch carries per algorithm (all_reduce.cc: one-shot LL
