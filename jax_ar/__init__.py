@@ -9,9 +9,11 @@ __path__ = _pkgutil.extend_path(__path__, __name__)
 
 from .all_gather import all_gather  # noqa: E402
 from .all_reduce import all_reduce  # noqa: E402
+from .all_reduce_rms_norm import all_reduce_rms_norm  # noqa: E402
 from .communicator import Communicator, setup  # noqa: E402
 from .errors import JaxArError, JaxArTimeoutError  # noqa: E402
 from .reduce_scatter import reduce_scatter  # noqa: E402
+from .rms_norm import rms_norm  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -21,6 +23,18 @@ __all__ = [
     "JaxArTimeoutError",
     "all_gather",
     "all_reduce",
+    "all_reduce_rms_norm",
     "reduce_scatter",
+    "rms_norm",
     "setup",
 ]
+
+
+def __getattr__(name):
+    # jax_ar.flax needs flax; importing it on first use keeps `import jax_ar`
+    # free of that dependency.
+    if name == "flax":
+        import importlib
+
+        return importlib.import_module(".flax", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,7 @@ __all__ = [
     "check_vma_enabled",
     "distributed_client",
     "pcast_to_varying",
+    "requires_devices_during_lowering",
     "varying_axes",
     "with_varying_axes",
 ]
@@ -59,3 +60,11 @@ def distributed_client():
     from jax._src import distributed
 
     return distributed.global_state.client
+
+
+def requires_devices_during_lowering(primitive) -> None:
+    """Tells jit that lowering `primitive` needs the device assignment (its
+    lowering emits a custom_partitioning call, which reads it)."""
+    from jax._src import dispatch
+
+    dispatch.prim_requires_devices_during_lowering.add(primitive)

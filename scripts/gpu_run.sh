@@ -23,8 +23,8 @@
 # PASS/FAIL/TIME/SKIP per step with seconds, benchmark figures) and one log
 # per stage, plus the benchmarks' JSON; at most 8 files. JAX_AR_GPU_BUDGET_S
 # (default 570, for a device tool that allows 600 s per command) bounds the
-# whole run: each step gets what is left of it, so a run cut short still
-# leaves its summary. Everything takes longer than one such command (build
+# whole run: each step gets what is left of it (at most JAX_AR_STEP_MAX_S),
+# so a run cut short still leaves its summary. Everything takes longer than one such command (build
 # about 50 s; each multi-rank test launch 1-3 min): run the stages, or test
 # subsets (JAX_AR_GPU_TESTS), in several commands, e.g.
 #   bash scripts/gpu_run.sh build smoke bench
@@ -44,12 +44,21 @@ export PYTHONUNBUFFERED=1
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
+# What one step may take: what is left, at most JAX_AR_STEP_MAX_S (so that
+# one hang cannot eat the run).
+step_budget() {
+  local budget; budget=$(left)
+  if [ -n "${JAX_AR_STEP_MAX_S:-}" ] && [ "$budget" -gt "$JAX_AR_STEP_MAX_S" ]; then
+    budget=$JAX_AR_STEP_MAX_S
+  fi
+  echo "$budget"
+}
 
 # step NAME LOG CMD...: runs CMD with what is left of the budget, appends
 # its output to LOG and a PASS/FAIL/SKIP line to the summary.
 step() {
   local name="$1" log="$2"; shift 2
-  local budget; budget=$(left)
+  local budget; budget=$(step_budget)
   if [ "$budget" -lt 30 ]; then say "SKIP  $name (budget spent)"; return 1; fi
   echo "===== $name ($(date -u +%H:%M:%S), up to ${budget}s): $*" >> "$log"
   local t0=$(date +%s) rc
@@ -103,7 +112,7 @@ stage_build() {
 # The launcher kills its ranks at its own deadline (they run in sessions of
 # their own, so the step's timeout would leave them running): give it a
 # little less than the step gets.
-launcher() { echo "$PYTHON" -m jax_ar launch --platform gpu --timeout $(( $(left) - 20 )) -n "$1"; }
+launcher() { echo "$PYTHON" -m jax_ar launch --platform gpu --timeout $(( $(step_budget) - 20 )) -n "$1"; }
 
 stage_smoke() {
   start_mps
@@ -118,6 +127,12 @@ stage_smoke() {
     step "smoke: all_reduce_worker $values, 2 ranks" "$OUT/smoke.log" $(launcher 2) \
       tests/workers/all_reduce_worker.py $values
   fi
+  # The other operations' workers, all their suites, 2 ranks (JAX_AR_SMOKE_OTHERS="" skips).
+  local worker
+  for worker in ${JAX_AR_SMOKE_OTHERS-norm_all_reduce_rms_norm_worker axes_scatter_gather_worker}; do
+    [ -e "tests/workers/$worker.py" ] || continue
+    step "smoke: $worker, 2 ranks" "$OUT/smoke.log" $(launcher 2) "tests/workers/$worker.py"
+  done
 }
 
 stage_tests() {
@@ -134,7 +149,9 @@ stage_tests() {
            "tests/test_gpu.py::test_command_buffers_off"
            "tests/test_gpu.py::test_cuda_kernels[2]" "tests/test_all_reduce.py::test_all_reduce[2-1]"
            "tests/test_gpu.py::test_skipped_call_fails_with_named_peer[2]")
-    for f in tests/test_*rms_norm*.py tests/test_flax*.py; do [ -e "$f" ] && files+=("$f"); done
+    for f in tests/test_*rms_norm*.py tests/test_flax*.py tests/test_tp_transformer_block.py; do
+      [ -e "$f" ] && files+=("$f")
+    done
   fi
   [ -n "${JAX_AR_GPU_TESTS_K:-}" ] && k_args=(-k "$JAX_AR_GPU_TESTS_K")
   export JAX_AR_TEST_PLATFORM=gpu
@@ -157,14 +174,19 @@ stage_bench() {
   grep -h "PER_CALL_RESULT" "$OUT/bench.log" 2>/dev/null | sed 's/^.*PER_CALL_RESULT //' > "$OUT/per_call.json"
   grep -h "per call:" "$OUT/bench.log" 2>/dev/null | sed 's/^\[rank 0\] /      /' >> "$SUMMARY"
   if [ -e benchmarks/rms_norm_bench.py ]; then
-    step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py
-    grep -hiE "TB/s|fused" "$OUT/bench.log" | tail -20 >> "$SUMMARY"
+    [ -n "${JAX_AR_SKIP_NORM_BENCH:-}" ] || \
+      step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py
+    step "benchmarks/rms_norm_bench.py --fused, 2 ranks" "$OUT/bench.log" $(launcher 2) \
+      benchmarks/rms_norm_bench.py --fused
+    grep -hiE "TB/s|fused|speedup" "$OUT/bench.log" | tail -30 >> "$SUMMARY"
   fi
   if [ -e jax_ar/bench.py ]; then
     local dir; dir="$(mktemp -d)"
     step "python -m jax_ar bench (2 ranks)" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -n 2 \
-      --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir" --no-plot
+      --timeout $(( $(step_budget) - 20 )) --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir" ${JAX_AR_BENCH_ARGS:-}
     [ -e "$dir/bench.json" ] && cp "$dir/bench.json" "$OUT/jax_ar_bench.json"
+    [ -e "$dir/bench.png" ] && cp "$dir/bench.png" "$OUT/jax_ar_bench.png"
+    grep -hE "^ +[0-9]+ " "$OUT/bench.log" | tail -60 >> "$SUMMARY"
   fi
 }
 

@@ -27,6 +27,9 @@
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
 #include "gpu/rank_state.h"
+#include "gpu/rms_norm.h"
+#include "gpu/reduce_scatter_all_gather.h"
+#include "gpu/reduce_scatter_all_gather_handlers.h"
 
 namespace nb = nanobind;
 
@@ -171,7 +174,8 @@ void RegisterRank(uint64_t comm_id, int device, int rank, int world,
     throw std::invalid_argument("jax_ar: workspace smaller than its control block");
   }
   DeviceGuard guard(device);
-  for (cudaError_t err : {LoadKernels(), LoadRmsNormKernels()}) {
+  for (cudaError_t err :
+       {LoadKernels(), LoadRmsNormKernels(), LoadReduceScatterAllGatherKernels()}) {
     Check(err, "loading jax_ar's kernels on GPU " + std::to_string(device) +
                    " (was the package built for this GPU's architecture?)");
   }
@@ -373,6 +377,10 @@ NB_MODULE(_jax_ar_cuda, m) {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
     targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
+    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
+    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
+    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
+    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
     return targets;
   });
 

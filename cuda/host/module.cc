@@ -18,6 +18,7 @@
 #include "host/exchange.h"
 #include "host/process_liveness.h"
 #include "host/rank_state.h"
+#include "host/rms_norm.h"
 #include "host/reduce_scatter_all_gather.h"
 
 namespace nb = nanobind;
@@ -58,6 +59,9 @@ NB_MODULE(_jax_ar_host, m) {
   m.def("registrations", []() {
     nb::dict targets;
     targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
+    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
+    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
+    targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
     targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
     targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
     targets["jax_ar_order"] = EncapsulateHandler(kCallOrder);

@@ -1,0 +1,136 @@
+// FFI handler of jax_ar.all_reduce_rms_norm on CPU devices:
+//
+//   t            = float32 sum of x over ranks (rank order 0..N-1) + float32(residual)
+//   residual_out = round(t)
+//   out          = norm(float32(residual_out)) * gamma, in x's type, or with
+//                  quantize=1 float8_e4m3fn(saturate(that / scale))
+//
+// The sum is the host all-reduce protocol run on float32 copies of x, so it
+// is exactly the float32 rank-order sum the CUDA kernel forms (16-bit inputs
+// widen exactly) and is not rounded to x's type before the residual is added.
+#include <string>
+#include <vector>
+
+#include "host/all_reduce.h"
+#include "host/exchange.h"
+#include "host/rms_norm.h"
+
+namespace jax_ar::host {
+namespace {
+
+constexpr const char* kOp = "all_reduce_rms_norm";
+
+template <typename Traits>
+ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::AnyBuffer& x,
+                              const ffi::AnyBuffer& residual, const ffi::AnyBuffer& gamma,
+                              float scale, bool quantize, ffi::AnyBuffer& out,
+                              ffi::AnyBuffer& residual_out, size_t rows, size_t hidden,
+                              float eps) {
+  using Storage = typename Traits::Storage;
+  const size_t count = rows * hidden;
+  const auto* xs = static_cast<const Storage*>(x.untyped_data());
+  std::vector<float> widened;
+  const float* partial = nullptr;
+  if constexpr (std::is_same_v<Storage, float>) {
+    partial = xs;
+  } else {
+    widened.resize(count);
+    for (size_t i = 0; i < count; ++i) widened[i] = Traits::Load(xs[i]);
+    partial = widened.data();
+  }
+  std::vector<float> summed(count);
+  Segment segment;
+  segment.in = reinterpret_cast<const std::byte*>(partial);
+  segment.out = reinterpret_cast<std::byte*>(summed.data());
+  segment.bytes = count * sizeof(float);
+  segment.dtype = ffi::DataType::F32;
+  Message message({segment}, ReduceOp::kSum, algorithm, state.world);
+  if (auto error = RunAllReduce(state, message); error.failure()) return error;
+
+  const auto* rs = static_cast<const Storage*>(residual.untyped_data());
+  const auto* gs = static_cast<const Storage*>(gamma.untyped_data());
+  auto* ros = static_cast<Storage*>(residual_out.untyped_data());
+  std::vector<float> v(hidden);
+  for (size_t row = 0; row < rows; ++row) {
+    const size_t base = row * hidden;
+    for (size_t i = 0; i < hidden; ++i) {
+      const Storage rounded = Traits::Store(summed[base + i] + Traits::Load(rs[base + i]));
+      ros[base + i] = rounded;
+      v[i] = Traits::Load(rounded);
+    }
+    if (quantize) {
+      auto* os = static_cast<uint8_t*>(out.untyped_data()) + base;
+      NormalizeRow<Traits>(v.data(), gs, hidden, eps, [&](size_t i, float y) {
+        os[i] = FloatToE4m3fnSaturated(y / scale);
+      });
+    } else {
+      auto* os = static_cast<Storage*>(out.untyped_data()) + base;
+      NormalizeRow<Traits>(v.data(), gs, hidden, eps,
+                           [&](size_t i, float y) { os[i] = Traits::Store(y); });
+    }
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
+                                   ffi::AnyBuffer x,                          // [T, H], this rank's part
+                                   ffi::AnyBuffer residual,                   // [T, H]
+                                   ffi::AnyBuffer gamma,                      // [H]
+                                   ffi::BufferR0<ffi::F32> scale,             // read when quantize
+                                   ffi::Result<ffi::AnyBuffer> out,           // [T, H] x's type or fp8
+                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] x's type
+                                   int64_t comm_id,                           // Communicator.comm_id
+                                   int32_t algorithm,                         // Algorithm
+                                   float eps,                                 // > 0
+                                   int32_t quantize) {                        // 1: fp8 out
+  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
+      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
+    return InvalidArgument(std::string(kOp) + ": unknown algorithm " + std::to_string(algorithm));
+  }
+  if (quantize != 0 && quantize != 1) {
+    return InvalidArgument(std::string(kOp) + ": quantize must be 0 or 1");
+  }
+  size_t rows = 0, hidden = 0;
+  if (auto error = CheckNormOperands(kOp, x, gamma, eps, rows, hidden); error.failure()) {
+    return error;
+  }
+  const ffi::DataType dtype = x.element_type();
+  if (auto error = CheckNormResult(kOp, "residual", x, residual, dtype); error.failure()) {
+    return error;
+  }
+  if (auto error = CheckNormResult(kOp, "residual_out", x, *residual_out, dtype);
+      error.failure()) {
+    return error;
+  }
+  const ffi::DataType out_dtype = quantize ? ffi::DataType::F8E4M3FN : dtype;
+  if (auto error = CheckNormResult(kOp, "out", x, *out, out_dtype); error.failure()) return error;
+
+  ffi::Error error = ffi::Error::Success();
+  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  if (state == nullptr) return error;
+  const float scale_value = quantize ? *scale.typed_data() : 1.0f;
+  DispatchNormDtype(dtype, [&](auto traits) {
+    error = ReduceAndNormalize<decltype(traits)>(
+        *state, static_cast<Algorithm>(algorithm), x, residual, gamma, scale_value,
+        quantize != 0, *out, *residual_out, rows, hidden, eps);
+  });
+  return error;
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()           // x
+                                  .Arg<ffi::AnyBuffer>()           // residual
+                                  .Arg<ffi::AnyBuffer>()           // gamma
+                                  .Arg<ffi::BufferR0<ffi::F32>>()  // scale
+                                  .Ret<ffi::AnyBuffer>()           // out
+                                  .Ret<ffi::AnyBuffer>()           // residual_out
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("algorithm")
+                                  .Attr<float>("eps")
+                                  .Attr<int32_t>("quantize"));
+
+}  // namespace jax_ar::host

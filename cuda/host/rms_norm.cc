@@ -1,0 +1,92 @@
+// FFI handlers of jax_ar.rms_norm on CPU devices: jax_ar_rms_norm (x, gamma
+// -> out) and jax_ar_add_rms_norm (x, residual, gamma -> out, residual_out).
+#include "host/rms_norm.h"
+
+#include <string>
+#include <vector>
+
+namespace jax_ar::host {
+
+namespace {
+
+// Normalizes rows of x (+ residual) into out (and residual_out).
+template <typename Traits>
+void NormRows(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual, const ffi::AnyBuffer& gamma,
+              ffi::AnyBuffer& out, ffi::AnyBuffer* residual_out, size_t rows, size_t hidden,
+              float eps) {
+  using Storage = typename Traits::Storage;
+  const auto* xs = static_cast<const Storage*>(x.untyped_data());
+  const auto* gs = static_cast<const Storage*>(gamma.untyped_data());
+  auto* os = static_cast<Storage*>(out.untyped_data());
+  const Storage* rs = residual ? static_cast<const Storage*>(residual->untyped_data()) : nullptr;
+  Storage* ros = residual_out ? static_cast<Storage*>(residual_out->untyped_data()) : nullptr;
+  std::vector<float> v(hidden);
+  for (size_t row = 0; row < rows; ++row) {
+    const size_t base = row * hidden;
+    for (size_t i = 0; i < hidden; ++i) {
+      float value = Traits::Load(xs[base + i]);
+      if (rs != nullptr) {
+        // The residual stream is kept in x's type: round the sum, and
+        // normalize what was stored, so out is the norm of residual_out.
+        const Storage rounded = Traits::Store(value + Traits::Load(rs[base + i]));
+        ros[base + i] = rounded;
+        value = Traits::Load(rounded);
+      }
+      v[i] = value;
+    }
+    NormalizeRow<Traits>(v.data(), gs, hidden, eps,
+                         [&](size_t i, float y) { os[base + i] = Traits::Store(y); });
+  }
+}
+
+ffi::Error Run(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
+               const ffi::AnyBuffer& gamma, ffi::AnyBuffer& out, ffi::AnyBuffer* residual_out,
+               float eps) {
+  size_t rows = 0, hidden = 0;
+  if (auto error = CheckRmsNormCall(op, x, residual, gamma, out, residual_out, eps, rows,
+                                    hidden);
+      error.failure()) {
+    return error;
+  }
+  const ffi::DataType dtype = x.element_type();
+  DispatchNormDtype(dtype, [&](auto traits) {
+    NormRows<decltype(traits)>(x, residual, gamma, out, residual_out, rows, hidden, eps);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error RmsNormHandler(ffi::AnyBuffer x,                 // [..., hidden]
+                          ffi::AnyBuffer gamma,             // [hidden]
+                          ffi::Result<ffi::AnyBuffer> out,  // like x
+                          float eps) {
+  return Run("rms_norm", x, nullptr, gamma, *out, nullptr, eps);
+}
+
+ffi::Error AddRmsNormHandler(ffi::AnyBuffer x,                          // [..., hidden]
+                             ffi::AnyBuffer residual,                   // like x
+                             ffi::AnyBuffer gamma,                      // [hidden]
+                             ffi::Result<ffi::AnyBuffer> out,           // like x
+                             ffi::Result<ffi::AnyBuffer> residual_out,  // round(x + residual)
+                             float eps) {
+  return Run("rms_norm", x, &residual, gamma, *out, &(*residual_out), eps);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kRmsNorm, RmsNormHandler,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // gamma
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Attr<float>("eps"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNorm, AddRmsNormHandler,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // x
+                                  .Arg<ffi::AnyBuffer>()  // residual
+                                  .Arg<ffi::AnyBuffer>()  // gamma
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // residual_out
+                                  .Attr<float>("eps"));
+
+}  // namespace jax_ar::host
