@@ -44,7 +44,7 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
   segment.out = reinterpret_cast<std::byte*>(summed.data());
   segment.bytes = count * sizeof(float);
   segment.dtype = ffi::DataType::F32;
-  Message message({segment}, ReduceOp::kSum, algorithm, state.world);
+  Message message({segment}, ReduceOp::kSum, algorithm, state.world, "all_reduce_rms_norm");
   if (auto error = RunAllReduce(state, message); error.failure()) return error;
 
   const auto* rs = static_cast<const Storage*>(residual.untyped_data());
