@@ -11,7 +11,7 @@ import pytest
 
 from multiprocess import ON_GPU, run_ranks
 
-from jax_ar import _table, selection
+from jax_ar import _native, _table, selection
 from jax_ar.communicator import VERSION
 from jax_ar.tune import fit_curve
 
@@ -28,10 +28,17 @@ def isolated_tables(tmp_path, monkeypatch):
     selection.clear_cache()
 
 
-def capacity_of(world, workspace=64 << 20):
-    half = (workspace - (64 << 10)) // 2 // 16 * 16
-    return lambda a: half // world // 16 * 16 if a == "oneshot" else \
-        half // (2 * world) // 16 * 16 * world
+def capacity_of(world, workspace=64 << 20, platform="cpu"):
+    """What one round carries, from the compiled module's own layout (the
+    GPU one when it was built, as in CI; else the host one)."""
+    module = _native.host
+    if platform == "gpu":
+        try:
+            from jax_ar import _jax_ar_cuda as module
+        except ImportError:
+            pass
+    capacities = module.capacities(workspace, world)
+    return lambda a: capacities[a]
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
@@ -39,7 +46,7 @@ def capacity_of(world, workspace=64 << 20):
 def test_predictions_monotone_and_choice_deterministic(platform, world):
     table = selection.table_for(platform, None, world)
     assert table.source.startswith("defaults")
-    for capacity in (None, capacity_of(world)):
+    for capacity in (None, capacity_of(world, platform=platform)):
         previous = {a: 0.0 for a in selection.CANDIDATES}
         for size in SIZES:
             predicted = selection.predict_all(table, size, capacity)
@@ -52,13 +59,16 @@ def test_predictions_monotone_and_choice_deterministic(platform, world):
         again = [selection.choose_algorithm(platform, world, s, capacity_bytes=capacity)
                  for s in SIZES]
         assert choices == again
-    # Without workspace limits the GPU defaults move one way only:
-    # oneshot for small messages, then twoshot, then NCCL.
+    # The GPU defaults move one way only: oneshot for small messages, then
+    # twoshot, then (once the workspace makes twoshot take rounds) NCCL.
     if platform == "gpu":
         order = {"oneshot": 0, "twoshot": 1, "psum": 2}
-        picks = [order[selection.choose_algorithm("gpu", world, s)] for s in SIZES]
-        assert picks == sorted(picks), picks
-        assert picks[0] == 0 and picks[-1] == 2
+        for capacity in (None, capacity_of(world, platform=platform)):
+            picks = [order[selection.choose_algorithm("gpu", world, s, capacity_bytes=capacity)]
+                     for s in SIZES]
+            assert picks == sorted(picks), picks
+            assert picks[0] == 0, picks
+        assert picks[-1] == 2, picks  # with the workspace's rounds
 
 
 def test_rounds_are_predicted_as_full_rounds_plus_the_rest():
