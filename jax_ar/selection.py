@@ -35,15 +35,14 @@ CANDIDATES = ("oneshot", "twoshot", "psum")
 # us and 3.7 us/MB, psum (NCCL) ~19 us and 4.0 us/MB. Growth with the world
 # size is not measured yet (no machine with more GPUs was lent): one-shot's
 # traffic grows with n-1 peers, two-shot's and NCCL's ring with 2(n-1)/n, as
-# published for NCCL; the fixed costs grow a little with n. psum's fixed cost
-# is kept at the low end of what NCCL publishes (17-20 us at 8 GPUs), so that
-# "auto" errs towards psum rather than past it.
+# published for NCCL; every fixed cost grows by about 1 us per rank (one
+# more peer to signal and wait for), keeping their order at every n.
 def _gpu_defaults(n: int) -> dict:
     ring = 2 * (n - 1) / n
     return {
         "oneshot": CostCurve.linear(8.0 + 0.6 * n, 20.0 * (n - 1)),
         "twoshot": CostCurve.linear(12.0 + 1.0 * n, 3.7 * ring),
-        "psum": CostCurve.linear(18.0 + 0.5 * n, 4.0 * ring),
+        "psum": CostCurve.linear(17.0 + 1.0 * n, 4.0 * ring),
     }
 
 
