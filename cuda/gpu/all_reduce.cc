@@ -70,6 +70,16 @@ uint64_t SlotBytes(const RankState& state, Algorithm algorithm) {
                                           : AlignDown(layout.plain_half / (2 * state.world));
 }
 
+bool ToDtype(ffi::DataType t, Dtype& d) {
+  switch (t) {
+    case ffi::DataType::F32: d = Dtype::kF32; return true;
+    case ffi::DataType::BF16: d = Dtype::kBF16; return true;
+    case ffi::DataType::F16: d = Dtype::kF16; return true;
+    case ffi::DataType::S32: d = Dtype::kS32; return true;
+    default: return false;
+  }
+}
+
 namespace {
 
 std::atomic<uint64_t> handler_calls{0};
@@ -82,16 +92,6 @@ struct Piece {
   uint64_t packed_offset;
   Dtype dtype;
 };
-
-bool ToDtype(ffi::DataType t, Dtype& d) {
-  switch (t) {
-    case ffi::DataType::F32: d = Dtype::kF32; return true;
-    case ffi::DataType::BF16: d = Dtype::kBF16; return true;
-    case ffi::DataType::F16: d = Dtype::kF16; return true;
-    case ffi::DataType::S32: d = Dtype::kS32; return true;
-    default: return false;
-  }
-}
 
 ffi::Error PiecesFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
                              std::vector<Piece>& pieces, uint64_t& packed_bytes) {

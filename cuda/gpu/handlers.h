@@ -29,6 +29,10 @@ struct TwoShotPlan {
 };
 TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 
+// The kernels' element type of an XLA type the reductions take (f32, bf16,
+// f16, s32); false for any other.
+bool ToDtype(ffi::DataType t, Dtype& d);
+
 // Bytes of one sender's slot in a data half, for an algorithm's layout.
 uint64_t SlotBytes(const RankState& state, Algorithm algorithm);
 

@@ -17,16 +17,6 @@ namespace {
 
 enum class ChunkCollective : uint64_t { kReduceScatter = 1, kAllGather = 2 };
 
-bool ReducibleDtype(ffi::DataType t, Dtype& d) {
-  switch (t) {
-    case ffi::DataType::F32: d = Dtype::kF32; return true;
-    case ffi::DataType::BF16: d = Dtype::kBF16; return true;
-    case ffi::DataType::F16: d = Dtype::kF16; return true;
-    case ffi::DataType::S32: d = Dtype::kS32; return true;
-    default: return false;
-  }
-}
-
 // What peers compare: the collective, op, world, dtype and chunk size, in a
 // hash apart from all-reduce signatures (whose first word is the op, < 16).
 uint64_t ChunkSignature(ChunkCollective kind, int32_t op, int world, ffi::DataType dtype,
@@ -76,7 +66,7 @@ ffi::Error ReduceScatterHandler(cudaStream_t stream,
                                 int32_t op) {                     // ReduceOp
   if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
   ChunkLaunchArgs a{};
-  if (!ReducibleDtype(in.element_type(), a.dtype)) {
+  if (!ToDtype(in.element_type(), a.dtype)) {
     return InvalidArgument(std::string("reduce_scatter does not support dtype ") +
                            DtypeName(in.element_type()));
   }
