@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
-from common import (DTYPES, OPS, assert_bitwise_equal, assert_close_to_float64,
+from common import (DTYPES, OPS, assert_bitwise_equal, assert_close_to_float64, expect_error,
                     assert_equal_nan_aware, emulate_all_reduce, global_array, local_shards, log,
                     main_guard, random_values, same_on_all_processes)
 
@@ -233,15 +233,6 @@ def suite_repeat(mesh, comm):
         for device, _, data in local_shards(out):
             assert_bitwise_equal(data, want, f"repeat size {a.size // n} on {device}")
     log("repeat: ok")
-
-
-def expect_error(kind, fragment, fn):
-    try:
-        fn()
-    except kind as e:
-        assert fragment in str(e), f"{kind.__name__} without {fragment!r}: {e}"
-        return
-    raise AssertionError(f"expected {kind.__name__} mentioning {fragment!r}")
 
 
 def suite_bad_input(mesh, comm):

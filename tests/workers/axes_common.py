@@ -66,10 +66,3 @@ def per_rank_blocks(out) -> dict:
     return {s.index[0].start or 0: np.asarray(s.data)[0] for s in out.addressable_shards}
 
 
-def expect_error(kind, fragment, fn):
-    try:
-        fn()
-    except kind as e:
-        assert fragment in str(e), f"{kind.__name__} without {fragment!r}: {e}"
-        return
-    raise AssertionError(f"expected {kind.__name__} mentioning {fragment!r}")

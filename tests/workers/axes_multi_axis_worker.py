@@ -27,7 +27,8 @@ PROCESSES_PER_HOST = int(sys.argv[1])
 os.environ["JAX_AR_HOST_ID"] = f"host{jax.process_index() // PROCESSES_PER_HOST}"
 
 import jax_ar  # noqa: E402
-from axes_common import expect_error, run_cases  # noqa: E402
+from axes_common import run_cases  # noqa: E402
+from common import expect_error  # noqa: E402
 from common import (DTYPES, OPS, assert_bitwise_equal, assert_close_to_float64,  # noqa: E402
                     emulate_all_reduce, global_array, log, main_guard, random_values,
                     same_on_all_processes)

@@ -18,7 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ar
 from jax_ar import _compat
-from axes_common import expect_error, run_cases
+from axes_common import run_cases
+from common import expect_error
 from common import (DTYPES, assert_bitwise_equal, assert_equal_nan_aware, emulate_all_reduce,
                     global_array, log, main_guard, random_values, same_on_all_processes)
 

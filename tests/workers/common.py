@@ -155,6 +155,16 @@ def same_on_all_processes(name: str, arrays) -> None:
         assert theirs == mine, f"{name}: process {p} holds different bits than process {me}"
 
 
+def expect_error(kind, fragment, fn):
+    """fn() must raise `kind` whose message contains `fragment`."""
+    try:
+        fn()
+    except kind as e:
+        assert fragment in str(e), f"{kind.__name__} without {fragment!r}: {e}"
+        return
+    raise AssertionError(f"expected {kind.__name__} mentioning {fragment!r}")
+
+
 def main_guard(fn):
     """Runs fn(argv) and exits non-zero with the traceback on any failure."""
     try:

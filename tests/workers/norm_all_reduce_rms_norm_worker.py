@@ -19,9 +19,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
-from common import global_array, local_shards, log, main_guard, same_on_all_processes
+from common import (expect_error, global_array, local_shards, log, main_guard,
+                    same_on_all_processes)
 from norm_common import (FLOAT_DTYPES, add_residual, assert_bitwise_equal, assert_norm_close,
-                         expect_error, norm_float64, norm_tolerance, random_normal,
+                         norm_float64, norm_tolerance, random_normal,
                          sum_in_rank_order)
 
 ON_GPU = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu") == "gpu"

@@ -110,11 +110,3 @@ def random_normal(rng, shape, dtype, scale=1.0) -> np.ndarray:
     return (rng.standard_normal(size=shape) * scale).astype(np.float32).astype(dtype)
 
 
-def expect_error(kind, fragment, fn):
-    """fn() must raise `kind` whose message contains `fragment`."""
-    try:
-        fn()
-    except kind as e:
-        assert fragment in str(e), f"{kind.__name__} without {fragment!r}: {e}"
-        return
-    raise AssertionError(f"expected {kind.__name__} mentioning {fragment!r}")

@@ -12,9 +12,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_ar
-from common import global_array, local_shards, log, main_guard
+from common import expect_error, global_array, local_shards, log, main_guard
 from norm_common import (FLOAT_DTYPES, add_residual, assert_bitwise_equal, assert_norm_close,
-                         expect_error, norm_float64, random_normal)
+                         norm_float64, random_normal)
 
 SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
 
