@@ -14,17 +14,11 @@ from jax.sharding import PartitionSpec as P
 import jax_ar
 from common import (DTYPES, OPS, assert_bitwise_equal, assert_close_to_float64, expect_error,
                     assert_equal_nan_aware, emulate_all_reduce, global_array, local_shards, log,
-                    main_guard, random_values, same_on_all_processes)
+                    main_guard, random_values, run_communicator_suites,
+                    same_on_all_processes)
 
 ON_GPU = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu") == "gpu"
 SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
-
-
-def mesh_and_comm(workspace_bytes=None):
-    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
-    comm = jax_ar.setup(mesh, "tp", workspace_bytes=workspace_bytes)
-    assert comm.serves_calls, comm
-    return mesh, comm
 
 
 def reduce_all(mesh, arrays, op, algorithm):
@@ -265,11 +259,7 @@ SUITES = {name[len("suite_"):]: fn for name, fn in globals().items() if name.sta
 
 
 def main(argv):
-    mesh, comm = mesh_and_comm()
-    log(f"{jax.device_count()} devices, {jax.process_count()} processes, {comm}")
-    for name in argv or list(SUITES):
-        SUITES[name](mesh, comm)
-    comm.close()
+    run_communicator_suites(SUITES, argv)
 
 
 if __name__ == "__main__":

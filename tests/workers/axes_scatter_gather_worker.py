@@ -19,9 +19,9 @@ from jax.sharding import PartitionSpec as P
 import jax_ar
 from jax_ar import _compat
 from axes_common import run_cases
-from common import expect_error
 from common import (DTYPES, assert_bitwise_equal, assert_equal_nan_aware, emulate_all_reduce,
-                    global_array, log, main_guard, random_values, same_on_all_processes)
+                    expect_error, global_array, log, main_guard, random_values,
+                    run_communicator_suites, same_on_all_processes)
 
 ON_GPU = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu") == "gpu"
 SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
@@ -320,13 +320,7 @@ SUITES = {name[len("suite_"):]: fn for name, fn in globals().items() if name.sta
 
 
 def main(argv):
-    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
-    comm = jax_ar.setup(mesh, "tp")
-    assert comm.serves_calls, comm
-    log(f"{jax.device_count()} devices, {jax.process_count()} processes, {comm}")
-    for name in argv or list(SUITES):
-        SUITES[name](mesh, comm)
-    comm.close()
+    run_communicator_suites(SUITES, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 import jax
 import ml_dtypes
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 DTYPES = {
     "float32": np.dtype(np.float32),
@@ -163,6 +163,20 @@ def expect_error(kind, fragment, fn):
         assert fragment in str(e), f"{kind.__name__} without {fragment!r}: {e}"
         return
     raise AssertionError(f"expected {kind.__name__} mentioning {fragment!r}")
+
+
+def run_communicator_suites(suites: dict, argv, workspace_bytes=None) -> None:
+    """Sets up jax_ar on a 1-D "tp" mesh of every device, runs the suites
+    named in argv (all by default) as suite(mesh, comm), then closes."""
+    import jax_ar
+
+    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
+    comm = jax_ar.setup(mesh, "tp", workspace_bytes=workspace_bytes)
+    assert comm.serves_calls, comm
+    log(f"{jax.device_count()} devices, {jax.process_count()} processes, {comm}")
+    for name in argv or list(suites):
+        suites[name](mesh, comm)
+    comm.close()
 
 
 def main_guard(fn):

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ar
 from common import (expect_error, global_array, local_shards, log, main_guard,
-                    same_on_all_processes)
+                    run_communicator_suites, same_on_all_processes)
 from norm_common import (FLOAT_DTYPES, add_residual, assert_bitwise_equal, assert_norm_close,
                          norm_float64, norm_tolerance, random_normal,
                          sum_in_rank_order)
@@ -303,13 +303,7 @@ SUITES = {name[len("suite_"):]: fn for name, fn in globals().items() if name.sta
 
 
 def main(argv):
-    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
-    comm = jax_ar.setup(mesh, "tp", workspace_bytes=WORKSPACE_BYTES)
-    assert comm.serves_calls, comm
-    log(f"{jax.device_count()} devices, {jax.process_count()} processes, {comm}")
-    for name in argv or list(SUITES):
-        SUITES[name](mesh, comm)
-    comm.close()
+    run_communicator_suites(SUITES, argv, workspace_bytes=WORKSPACE_BYTES)
 
 
 if __name__ == "__main__":
