@@ -18,14 +18,20 @@ It is skipped, saying why, when the build has no fused CUDA kernel. Ranks
 on one GPU share its bandwidth and SMs: these figures compare the two
 paths' costs, they say nothing about NVLink.
 
-Timing: K calls in one jitted function, each call's inputs are the previous
-call's outputs (no fori_loop), with an optimization barrier between calls
-so that XLA cannot fuse across them; the first run (compile, warm-up) is
-excluded, jax_ar's and XLA's timed runs alternate, and the median of the
-repeats is reported. When one chain's
-buffers would stay in the 60 MB L2 between calls, R independent chains are
-interleaved (call i continues chain i mod R) so that every call reads
-inputs last touched R calls earlier, after more than twice L2 of traffic.
+Timing (jax_ar/_timing.py, as `python -m jax_ar bench`): K calls in one
+jitted function, each call's inputs are the previous call's outputs (no
+fori_loop), with an optimization barrier between calls so that XLA cannot
+fuse across them. A sample launches that program L times back to back and
+blocks once, so that the host's fixed cost of one execution (dispatch,
+command-buffer launch, the wake-up after the last kernel) is paid once per
+L * K calls instead of once per K; L is chosen after warm-up so that a
+sample lasts at least 20 ms. jax_ar's and XLA's samples alternate, and the
+median of the repeats is reported. The per-call time of a single launch is
+kept in the JSON too (`*_one_launch_us`): it shows what that fixed cost adds
+when it is divided by K alone. When one chain's buffers would stay in the
+60 MB L2 between calls, R independent chains are interleaved (call i
+continues chain i mod R) so that every call reads inputs last touched R
+calls earlier, after more than twice L2 of traffic.
 """
 from __future__ import annotations
 
@@ -36,17 +42,22 @@ import math
 import statistics
 import sys
 import time
+import uuid
 
 import numpy as np
 
 import jax
 import jax.numpy as jnp
 
+from jax_ar import _timing
+
 L2_BYTES = 60 << 20
 TOKENS = [2**i for i in range(16)]  # 1 .. 32768
 HIDDEN = (4096, 8192)
 FUSED_TOKENS = (1, 16, 128, 512, 2048)
 EPS = 1e-6
+MIN_SAMPLE_S = 0.02
+MIN_LAUNCHES = 3
 
 
 def chained(step, num_chains, calls):
@@ -59,17 +70,6 @@ def chained(step, num_chains, calls):
             states[c] = jax.lax.optimization_barrier(step(*states[c]))
         return tuple(states)
     return jax.jit(run)
-
-
-def time_per_call(fn, args, calls, repeats):
-    """Median seconds per call over `repeats` timed runs after a warm-up."""
-    jax.block_until_ready(fn(args))  # compile + warm-up
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(args))
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
 
 
 def plan(bytes_per_call_touched, expected_s):
@@ -99,7 +99,7 @@ def copy_bandwidth(repeats):
     memcpy = 2 * n * 2 / statistics.median(samples)
     one = jnp.bfloat16(1)
     add = chained(lambda a: (a + one,), 1, calls)
-    elementwise = 2 * n * 2 / time_per_call(add, ((x,),), calls, repeats)
+    elementwise = 2 * n * 2 / pipelined({"add": add}, ((x,),), calls, repeats)["add"][0]
     return max(memcpy, elementwise), memcpy, elementwise
 
 
@@ -120,18 +120,25 @@ def uses_kernel(gamma, x):
     return "jax_ar_add_rms_norm" in text
 
 
-def interleaved(impls, states, calls, repeats):
-    """Median seconds per call of each named function in `impls`, their
-    timed runs interleaved so that drift in the machine affects all alike."""
+def pipelined(impls, args, calls, repeats, agree=None):
+    """{name: (median seconds per call, seconds per call of one launch)} for
+    each function in `impls` (each a program of `calls` calls taking
+    `args`). Samples of L back-to-back launches (jax_ar/_timing.py), the
+    implementations' samples interleaved so that drift in the machine
+    affects all alike. `agree(seconds)` makes ranks agree on L (the
+    slowest rank's launch time): every launch of a collective program must
+    happen on every rank."""
+    runs = {name: (lambda fn=fn: fn(args)) for name, fn in impls.items()}
+    one_launch = {name: _timing.calibrate(run, warmup=2) for name, run in runs.items()}
+    slowest = max(one_launch.values())
+    launches = _timing.launches_for(agree(slowest) if agree else slowest, MIN_LAUNCHES,
+                                    MIN_SAMPLE_S)
     samples = {name: [] for name in impls}
-    for fn in impls.values():  # compile + warm-up
-        jax.block_until_ready(fn(states))
     for _ in range(repeats):
-        for name, fn in impls.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(states))
-            samples[name].append((time.perf_counter() - start) / calls)
-    return {name: statistics.median(s) for name, s in samples.items()}
+        for name, run in runs.items():
+            per_call_us = _timing.measure(run, calls, launches, 1)[0]
+            samples[name].append(per_call_us * 1e-6)
+    return {name: (statistics.median(s), one_launch[name] / calls) for name, s in samples.items()}
 
 
 def bench_norm(args):
@@ -154,16 +161,19 @@ def bench_norm(args):
     rows = []
     ours = lambda x, r, g: tuple(jax_ar.rms_norm(x, g, eps=EPS, residual=r))
     xla = lambda x, r, g: tuple(reference(x, g, EPS, r))
-    for hidden in HIDDEN:
-        for tokens in TOKENS:
+    for hidden in args.hidden:
+        for tokens in args.tokens:
             moved = 4 * tokens * hidden * 2
             chains, calls = plan(moved, max(4e-6, moved / copy_bps))
             states, gamma = norm_inputs(jax.random.key(tokens + hidden), chains, tokens, hidden)
             impls = {name: chained(lambda x, r, impl=impl: impl(x, r, gamma), chains, calls)
                      for name, impl in (("jax_ar", ours), ("xla", xla))}
-            seconds = interleaved(impls, states, calls, args.repeats)
+            timed = pipelined(impls, states, calls, args.repeats)
+            seconds = {name: t[0] for name, t in timed.items()}
             row = dict(hidden=hidden, tokens=tokens, bytes=moved, chains=chains, calls=calls,
                        jax_ar_us=seconds["jax_ar"] * 1e6, xla_us=seconds["xla"] * 1e6,
+                       jax_ar_one_launch_us=timed["jax_ar"][1] * 1e6,
+                       xla_one_launch_us=timed["xla"][1] * 1e6,
                        jax_ar_tbps=moved / seconds["jax_ar"] / 1e12,
                        xla_tbps=moved / seconds["xla"] / 1e12)
             row["percent_of_copy"] = 100 * moved / seconds["jax_ar"] / copy_bps
@@ -205,56 +215,44 @@ def bench_fused(args):
         f"{datetime.date.today().isoformat()}")
     say(f"{'hidden':>6} {'tokens':>6} {'fused us':>9} {'separate us':>11} {'separate/fused':>14}")
     world = comm.world_size
+    # One id for this run's key-value entries, the same on every rank.
+    run_id = _timing.gather("rms_norm_bench", "run_id", uuid.uuid4().hex, 300)[0]
+    steps = {
+        "fused": lambda x, r, g: (*jax_ar.all_reduce_rms_norm(x, r, g, "tp", eps=EPS), g),
+        "separate": lambda x, r, g: (*jax_ar.rms_norm(jax_ar.all_reduce(x, "tp"), g, eps=EPS,
+                                                      residual=r), g),
+    }
+    calls = 32
     rows = []
-    for hidden in HIDDEN:
+    for hidden in args.hidden:
         for tokens in FUSED_TOKENS:
-            gamma = jnp.ones((hidden,), jnp.bfloat16)
-            calls = 32
-
-            def program(step):
-                def run(x, residual, g):
-                    for _ in range(calls):
-                        x, residual = step(x, residual, g)
-                    return x, residual
-                return jax.jit(jax.shard_map(run, mesh=mesh, in_specs=(P("tp"), P(), P()),
-                                             out_specs=(P("tp"), P())))
-
-            fused = lambda x, r, g: _varying(jax_ar.all_reduce_rms_norm(x, r, g, "tp"), mesh)
-            separate = lambda x, r, g: _varying(jax_ar.rms_norm(
-                jax_ar.all_reduce(x, "tp"), g, eps=EPS, residual=r), mesh)
-            x = jax.make_array_from_callback(
-                (world * tokens, hidden), NamedSharding(mesh, P("tp")),
-                lambda idx: np.random.default_rng(0).standard_normal(
-                    (tokens, hidden)).astype(jnp.bfloat16))
             # make_array_from_callback, not device_put: device_put checks
             # that processes agree through a collective, which NCCL refuses
             # for ranks sharing a GPU.
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((world * tokens, hidden)).astype(jnp.bfloat16)
+            x = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("tp")),
+                                             lambda idx, x=x: x[idx])
             replicated = NamedSharding(mesh, P())
             residual = jax.make_array_from_callback(
                 (tokens, hidden), replicated,
                 lambda idx: np.ones((tokens, hidden), jnp.bfloat16)[idx])
             g = jax.make_array_from_callback((hidden,), replicated,
-                                             lambda idx: np.asarray(gamma)[idx])
-            seconds = {}
-            for name, step in (("fused", fused), ("separate", separate)):
-                fn = program(step)
-                seconds[name] = time_per_call(lambda a, fn=fn: fn(*a), (x, residual, g), calls,
-                                              args.repeats)
-            row = dict(hidden=hidden, tokens=tokens, fused_us=seconds["fused"] * 1e6,
-                       separate_us=seconds["separate"] * 1e6)
+                                             lambda idx: np.ones((hidden,), jnp.bfloat16)[idx])
+            impls = {name: _timing.chained(step, mesh, "tp", calls, n_args=3)
+                     for name, step in steps.items()}
+            impls = {name: (lambda a, fn=fn: fn(*a)) for name, fn in impls.items()}
+            case = f"{hidden}/{tokens}"
+            agree = lambda seconds: max(_timing.gather(run_id, case, seconds, 300))
+            timed = pipelined(impls, (x, residual, g), calls, args.repeats, agree=agree)
+            row = dict(hidden=hidden, tokens=tokens, fused_us=timed["fused"][0] * 1e6,
+                       separate_us=timed["separate"][0] * 1e6)
             rows.append(row)
             say(f"{hidden:>6} {tokens:>6} {row['fused_us']:>9.2f} {row['separate_us']:>11.2f} "
                 f"{row['separate_us'] / row['fused_us']:>14.2f}")
+    comm.check()
     comm.close()
     return dict(part="fused", world=world, rows=rows)
-
-
-def _varying(outs, mesh):
-    """(out, residual_out) as the next call's (x, residual): x varies per rank."""
-    from jax_ar import _compat
-
-    out, residual_out = outs
-    return _compat.pcast_to_varying(out, ("tp",)), residual_out
 
 
 def main(argv=None):
@@ -262,6 +260,10 @@ def main(argv=None):
     parser.add_argument("--fused", action="store_true",
                         help="the fused all-reduce part (run under jax_ar launch, MPS started)")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--hidden", type=int, nargs="+", default=list(HIDDEN),
+                        help="hidden sizes (default: %(default)s)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS,
+                        help="token counts of the rms_norm part (default: 1 .. 32768)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     if jax.devices()[0].platform != "gpu":

@@ -30,8 +30,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 import jax_ar  # noqa: E402
 from jax_ar import _bench_data as data  # noqa: E402
 from jax_ar import _compat  # noqa: E402
-from jax_ar._timing import (calibrate, chained, count_collectives, launches_for,  # noqa: E402
-                            measure, psum_like)
+from jax_ar._timing import (calibrate, chained, count_collectives, gather,  # noqa: E402
+                            launches_for, measure, psum_like)
 from jax_ar.communicator import VERSION  # noqa: E402
 
 AXIS = "tp"
@@ -136,8 +136,8 @@ class Runner:
             return result
         run = lambda: compiled(*args)  # noqa: E731
         # Every rank must launch equally often: agree on the slowest rank's launch time.
-        launch_s = max(_gather(cfg["run_id"], f"calibrate/{case['index']}",
-                               calibrate(run, cfg["warmup"]), cfg.get("gather_timeout_s", 300)))
+        launch_s = max(gather(cfg["run_id"], f"calibrate/{case['index']}",
+                              calibrate(run, cfg["warmup"]), cfg.get("gather_timeout_s", 300)))
         launches = launches_for(launch_s, cfg["launches"], cfg["min_sample_s"])
         median, samples, out = measure(run, chain, launches, cfg["repeats"])
         result.update(chain=chain, launches=launches, time_us=median, samples=samples,
@@ -215,18 +215,6 @@ def _cpu_model() -> str:
     return host_platform.processor() or host_platform.machine()
 
 
-def _gather(run_id: str, name: str, value, timeout_s: float):
-    """Every process's `value` (JSON-able), by process index."""
-    client = _compat.distributed_client()
-    me = jax.process_index()
-    if client is None or jax.process_count() == 1:
-        return [value]
-    client.key_value_set(f"jax_ar_bench/{run_id}/{name}/{me}", json.dumps(value))
-    return [json.loads(client.blocking_key_value_get(f"jax_ar_bench/{run_id}/{name}/{p}",
-                                                     int(timeout_s * 1000)))
-            for p in range(jax.process_count())]
-
-
 def main(argv) -> None:
     with open(argv[0]) as f:
         config = json.load(f)
@@ -244,7 +232,7 @@ def main(argv) -> None:
     if leader:
         print(f"@@progress {len(cases)} {len(cases)} done", flush=True)
     mine = [[r["time_us"], r["wrong"]] for r in results]
-    everyone = _gather(config["run_id"], "results", mine, config.get("gather_timeout_s", 300))
+    everyone = gather(config["run_id"], "results", mine, config.get("gather_timeout_s", 300))
     for i, r in enumerate(results):
         times = [per_rank[i][0] for per_rank in everyone]
         r["time_us_ranks"] = times

@@ -18,6 +18,7 @@ of the samples.
 """
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import time
@@ -27,8 +28,8 @@ from jax.sharding import PartitionSpec as P
 
 from . import _compat
 
-__all__ = ["calibrate", "chained", "count_collectives", "launches_for", "measure", "psum_like",
-           "typical_spread"]
+__all__ = ["calibrate", "chained", "count_collectives", "gather", "launches_for", "measure",
+           "psum_like", "typical_spread"]
 
 
 def psum_like(x, axis: str, op: str):
@@ -94,6 +95,20 @@ def launches_for(launch_s: float, min_launches: int, min_sample_s: float,
     short samples are at the mercy of the OS scheduler."""
     wanted = int(min_sample_s / max(launch_s, 1e-7)) + 1
     return max(min_launches, min(max_launches, wanted))
+
+
+def gather(run_id: str, name: str, value, timeout_s: float):
+    """Every process's `value` (JSON-able), by process index, through the
+    jax.distributed key-value store: how ranks agree on a launch count
+    without a collective (NCCL refuses ranks that share a GPU)."""
+    client = _compat.distributed_client()
+    me = jax.process_index()
+    if client is None or jax.process_count() == 1:
+        return [value]
+    client.key_value_set(f"jax_ar_bench/{run_id}/{name}/{me}", json.dumps(value))
+    return [json.loads(client.blocking_key_value_get(f"jax_ar_bench/{run_id}/{name}/{p}",
+                                                     int(timeout_s * 1000)))
+            for p in range(jax.process_count())]
 
 
 def typical_spread(results) -> float:
