@@ -60,9 +60,7 @@ __global__ void __launch_bounds__(kOneShotThreads) OneShotKernel(const __grid_co
     uint4 result;
     DispatchDtype(seg.dtype, [&](auto tag) {
       result = ReduceVector<decltype(tag)::kDtype>(a.op, a.world, [&](int s) {
-        if (s == a.rank) return mine;
-        return ReadPacketPair(PacketSlot(a, a.rank, parity, a.slot_bytes, s) + 2 * v, flag,
-                              waiter, s, ok);
+        return PacketPairFrom(a, s, mine, parity, a.slot_bytes, 2 * v, flag, waiter, ok);
       });
     });
     if (ok) StoreSegment(seg, x - seg.offset, result);

@@ -136,6 +136,44 @@ __device__ __forceinline__ std::byte* RowOf(void* base, int64_t row, uint64_t by
   return static_cast<std::byte*>(base) + row * bytes;
 }
 
+// The norm of the row this thread works on, after the sum over ranks: for
+// each of its vectors i of row `row` (when `active`), reduce(k, i, acc) puts
+// the float32 sum over ranks of vector i (the k-th of this thread) in acc;
+// the residual is added and round(t) goes to emit_residual(i, rounded); the
+// normalized lanes go to emit_out(i, y). Every thread of the block must call
+// it together (RowSum synchronizes).
+template <Dtype D, int kVectors, typename Reduce, typename EmitResidual, typename EmitOut>
+__device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
+                                                    bool active, float* partials, Reduce&& reduce,
+                                                    EmitResidual&& emit_residual,
+                                                    EmitOut&& emit_out) {
+  using V = Vec<D>;
+  const int tpr = a.threads_per_row;
+  const int lane = threadIdx.x % tpr;
+  const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
+  uint4 rounded[kVectors];
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) {
+    const int i = lane + k * tpr;
+    if (!active || i >= a.row_vectors) continue;
+    float acc[V::kLanes];
+    reduce(k, i, acc);
+    const uint4 residual = LoadInput16(RowOf(a.residual, row, row_bytes) + 16 * i);
+    rounded[k] = AddResidual<D>(acc, residual, sum_squares);
+    emit_residual(i, rounded[k]);
+  }
+  const float inv_rms = InverseRms(a, RowSum(sum_squares, tpr, partials));
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) {
+    const int i = lane + k * tpr;
+    if (!active || i >= a.row_vectors) continue;
+    float y[V::kLanes];
+    Normalize<D>(rounded[k], inv_rms, LoadInput16(static_cast<const std::byte*>(a.gamma) + 16 * i), y);
+    emit_out(i, y);
+  }
+}
+
 template <Dtype D, int kVectors>
 __global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
@@ -170,32 +208,20 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
       mine[k] = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
       SendPacketPair(a, parity, a.slot_bytes, 2 * (row * a.row_vectors + i), mine[k], flag);
     }
-    uint4 rounded[kVectors];
-    float sum_squares = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      const int i = lane + k * tpr;
-      if (!active || i >= a.row_vectors) continue;
-      const int64_t packet = 2 * (row * a.row_vectors + i);
-      float acc[V::kLanes];
-      AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
-        if (s == a.rank) return mine[k];
-        return ReadPacketPair(PacketSlot(a, a.rank, parity, a.slot_bytes, s) + packet, flag,
-                              waiter, s, ok);
-      }, acc);
-      const uint4 residual = LoadInput16(RowOf(a.residual, row, row_bytes) + 16 * i);
-      rounded[k] = AddResidual<D>(acc, residual, sum_squares);
-      if (ok) Store16(RowOf(a.residual_out, row, row_bytes) + 16 * i, rounded[k]);
-    }
-    const float inv_rms = InverseRms(a, RowSum(sum_squares, tpr, partials));
-#pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      const int i = lane + k * tpr;
-      if (!active || i >= a.row_vectors || !ok) continue;
-      float y[V::kLanes];
-      Normalize<D>(rounded[k], inv_rms, LoadInput16(static_cast<const std::byte*>(a.gamma) + 16 * i), y);
-      StoreOut<D>(a, scale, y, RowOf(a.out, row, row_bytes / 16 * out_bytes) + out_bytes * i);
-    }
+    NormalizeReducedRow<D, kVectors>(
+        a, row, active, partials,
+        [&](int k, int i, float* acc) {
+          const uint64_t packet = 2 * (row * a.row_vectors + i);
+          AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
+            return PacketPairFrom(a, s, mine[k], parity, a.slot_bytes, packet, flag, waiter, ok);
+          }, acc);
+        },
+        [&](int i, uint4 rounded) {
+          if (ok) Store16(RowOf(a.residual_out, row, row_bytes) + 16 * i, rounded);
+        },
+        [&](int i, const float* y) {
+          if (ok) StoreOut<D>(a, scale, y, RowOf(a.out, row, row_bytes / 16 * out_bytes) + out_bytes * i);
+        });
   }
   if (ok) CheckHeader(a, waiter);
   FinishLaunch(a, ctx);
@@ -255,41 +281,30 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotRmsNormKernel(
       const int64_t group_row = base + threadIdx.x / tpr;
       const int64_t row = a.rank * a.group_rows + group_row;
       const bool active = group_row < hi && row < a.rows;
-      uint4 rounded[kVectors];
-      float sum_squares = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) {
-        const int i = lane + k * tpr;
-        if (!active || i >= a.row_vectors) continue;
-        const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
-        float acc[V::kLanes];
-        AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
-          if (s == a.rank) return mine;
-          return LoadShared16(phase0(a.rank, s) + group_row * row_bytes + 16 * i);
-        }, acc);
-        const uint4 residual = LoadInput16(RowOf(a.residual, row, row_bytes) + 16 * i);
-        rounded[k] = AddResidual<D>(acc, residual, sum_squares);
-        Store16(RowOf(a.residual_out, row, row_bytes) + 16 * i, rounded[k]);
-        for (int step = 1; step < a.world; ++step) {
-          Store16(phase1((a.rank + step) % a.world, a.rank) + group_row * row_bytes + 16 * i,
-                  rounded[k]);
-        }
-      }
-      const float inv_rms = InverseRms(a, RowSum(sum_squares, tpr, partials));
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) {
-        const int i = lane + k * tpr;
-        if (!active || i >= a.row_vectors) continue;
-        float y[V::kLanes];
-        Normalize<D>(rounded[k], inv_rms, LoadInput16(static_cast<const std::byte*>(a.gamma) + 16 * i), y);
-        std::byte* mine = RowOf(a.out, row, out_row_bytes) + out_bytes * i;
-        StoreOut<D>(a, scale, y, mine);
-        for (int step = 1; step < a.world; ++step) {
-          std::byte* theirs = phase1((a.rank + step) % a.world, a.rank) + a.out_offset +
-                              group_row * out_row_bytes + out_bytes * i;
-          StoreOut<D>(a, scale, y, theirs);
-        }
-      }
+      NormalizeReducedRow<D, kVectors>(
+          a, row, active, partials,
+          [&](int, int i, float* acc) {
+            const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
+            AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
+              if (s == a.rank) return mine;
+              return LoadShared16(phase0(a.rank, s) + group_row * row_bytes + 16 * i);
+            }, acc);
+          },
+          [&](int i, uint4 rounded) {
+            Store16(RowOf(a.residual_out, row, row_bytes) + 16 * i, rounded);
+            for (int step = 1; step < a.world; ++step) {
+              Store16(phase1((a.rank + step) % a.world, a.rank) + group_row * row_bytes + 16 * i,
+                      rounded);
+            }
+          },
+          [&](int i, const float* y) {
+            StoreOut<D>(a, scale, y, RowOf(a.out, row, out_row_bytes) + out_bytes * i);
+            for (int step = 1; step < a.world; ++step) {
+              std::byte* theirs = phase1((a.rank + step) % a.world, a.rank) + a.out_offset +
+                                  group_row * out_row_bytes + out_bytes * i;
+              StoreOut<D>(a, scale, y, theirs);
+            }
+          });
     }
     SignalPeers(a, 1, ctx.launch);
     ok = WaitForPeers(a, 1, waiter);

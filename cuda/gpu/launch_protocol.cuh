@@ -261,6 +261,17 @@ __device__ __forceinline__ uint4 ReadPacketPair(const LLPacket* p, uint32_t flag
   return make_uint4(lo.x, lo.z, hi.x, hi.z);
 }
 
+// Rank `sender`'s 16 bytes at packet pair `packet` of this launch, as one-shot
+// reduces them: `mine` for this rank, else its LL packets in this rank's LL
+// half (waited for; zeros and ok=false if the wait is given up).
+__device__ __forceinline__ uint4 PacketPairFrom(const ProtocolArgs& a, int sender, uint4 mine,
+                                                int parity, uint64_t slot_bytes, uint64_t packet,
+                                                uint32_t flag, Waiter& waiter, bool& ok) {
+  if (sender == a.rank) return mine;
+  return ReadPacketPair(PacketSlot(a, a.rank, parity, slot_bytes, sender) + packet, flag, waiter,
+                        sender, ok);
+}
+
 // Block-wide: raise this block's flag of `phase` at every peer once all of
 // the block's stores for that phase are done.
 __device__ __forceinline__ void SignalPeers(const ProtocolArgs& a, int phase, uint64_t launch) {
