@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/ffi_util.h"
+#include "common/protocol.h"
 
 namespace jax_ar {
 
@@ -87,6 +88,35 @@ inline ffi::Error CheckRmsNormCall(const char* op, const ffi::AnyBuffer& x,
     return error;
   }
   return CheckNormResult(op, "residual_out", x, *residual_out, dtype);
+}
+
+// Everything both all_reduce_rms_norm handlers check: the algorithm and
+// quantize attributes, the operands, residual and residual_out like x, and
+// out like x in x's type (or float8_e4m3fn with quantize).
+inline ffi::Error CheckAllReduceRmsNormCall(const char* op, int32_t algorithm, int32_t quantize,
+                                            const ffi::AnyBuffer& x,
+                                            const ffi::AnyBuffer& residual,
+                                            const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& out,
+                                            const ffi::AnyBuffer& residual_out, float eps,
+                                            size_t& rows, size_t& hidden) {
+  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
+      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
+    return InvalidArgument(std::string(op) + ": unknown algorithm " + std::to_string(algorithm));
+  }
+  if (quantize != 0 && quantize != 1) {
+    return InvalidArgument(std::string(op) + ": quantize must be 0 or 1");
+  }
+  if (auto error = CheckNormOperands(op, x, gamma, eps, rows, hidden); error.failure()) {
+    return error;
+  }
+  const ffi::DataType dtype = x.element_type();
+  if (auto error = CheckNormResult(op, "residual", x, residual, dtype); error.failure()) {
+    return error;
+  }
+  if (auto error = CheckNormResult(op, "residual_out", x, residual_out, dtype); error.failure()) {
+    return error;
+  }
+  return CheckNormResult(op, "out", x, out, quantize ? ffi::DataType::F8E4M3FN : dtype);
 }
 
 }  // namespace jax_ar

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <tuple>
 
+#include "common/rms_norm_args.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
 
@@ -20,19 +20,6 @@ constexpr int kMaxThreadsPerRow = 1024;
 constexpr int kMinBlockThreads = 256;
 
 ffi::Error Invalid(const std::string& text) { return InvalidArgument(std::string(kOp) + ": " + text); }
-
-std::string Shape(const ffi::AnyBuffer& b) {
-  std::string text = "[";
-  for (size_t i = 0; i < b.dimensions().size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(b.dimensions()[i]);
-  }
-  return text + "]";
-}
-
-bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-  auto da = a.dimensions(), db = b.dimensions();
-  return da.size() == db.size() && std::equal(da.begin(), da.end(), db.begin());
-}
 
 // Threads per row (a power of two, one 16-byte vector each up to 1024
 // threads) and vectors per thread, from the row length alone.
@@ -79,44 +66,21 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                                    int32_t algorithm,                         // Algorithm
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
-    return Invalid("unknown algorithm " + std::to_string(algorithm));
+  size_t row_count = 0, hidden_size = 0;
+  if (auto error = CheckAllReduceRmsNormCall(kOp, algorithm, quantize, x, residual, gamma, *out,
+                                             *residual_out, eps, row_count, hidden_size);
+      error.failure()) {
+    return error;
   }
-  if (quantize != 0 && quantize != 1) return Invalid("quantize must be 0 or 1");
-  if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    return Invalid("eps must be positive and finite, got " + std::to_string(eps));
-  }
+  if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + ShapeText(x));
+  const int64_t rows = static_cast<int64_t>(row_count), hidden = static_cast<int64_t>(hidden_size);
+  const size_t element_bytes = DtypeBytes(x.element_type());
   Dtype dtype;
-  size_t element_bytes;
-  switch (x.element_type()) {
-    case ffi::DataType::F32: dtype = Dtype::kF32, element_bytes = 4; break;
-    case ffi::DataType::BF16: dtype = Dtype::kBF16, element_bytes = 2; break;
-    case ffi::DataType::F16: dtype = Dtype::kF16, element_bytes = 2; break;
-    default:
-      return Invalid(std::string("x must be float32, bfloat16 or float16, got ") +
-                     DtypeName(x.element_type()));
-  }
-  if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + Shape(x));
-  const int64_t rows = x.dimensions()[0], hidden = x.dimensions()[1];
+  ToDtype(x.element_type(), dtype);  // one of the three CheckAllReduceRmsNormCall accepts
   const int64_t lanes = 16 / static_cast<int64_t>(element_bytes);
   if (hidden < 128 || hidden > 16384 || hidden % lanes != 0) {
     return Invalid("the CUDA kernel needs a hidden size in [128, 16384] that is a multiple of " +
                    std::to_string(lanes) + ", got " + std::to_string(hidden));
-  }
-  if (gamma.element_type() != x.element_type() || gamma.dimensions().size() != 1 ||
-      gamma.dimensions()[0] != hidden) {
-    return Invalid("gamma is " + std::string(DtypeName(gamma.element_type())) + Shape(gamma) +
-                   ", expected " + DtypeName(x.element_type()) + "[" + std::to_string(hidden) + "]");
-  }
-  const ffi::DataType out_type = quantize ? ffi::DataType::F8E4M3FN : x.element_type();
-  for (auto [name, buffer, type] : {std::tuple{"residual", &residual, x.element_type()},
-                                    std::tuple{"residual_out", &(*residual_out), x.element_type()},
-                                    std::tuple{"out", &(*out), out_type}}) {
-    if (!SameShape(x, *buffer) || buffer->element_type() != type) {
-      return Invalid(std::string(name) + " is " + DtypeName(buffer->element_type()) +
-                     Shape(*buffer) + ", expected " + DtypeName(type) + Shape(x));
-    }
   }
   for (const void* p : {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
                         residual_out->untyped_data(), out->untyped_data()}) {

@@ -83,28 +83,13 @@ ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
                                    int32_t algorithm,                         // Algorithm
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
-    return InvalidArgument(std::string(kOp) + ": unknown algorithm " + std::to_string(algorithm));
-  }
-  if (quantize != 0 && quantize != 1) {
-    return InvalidArgument(std::string(kOp) + ": quantize must be 0 or 1");
-  }
   size_t rows = 0, hidden = 0;
-  if (auto error = CheckNormOperands(kOp, x, gamma, eps, rows, hidden); error.failure()) {
-    return error;
-  }
-  const ffi::DataType dtype = x.element_type();
-  if (auto error = CheckNormResult(kOp, "residual", x, residual, dtype); error.failure()) {
-    return error;
-  }
-  if (auto error = CheckNormResult(kOp, "residual_out", x, *residual_out, dtype);
+  if (auto error = CheckAllReduceRmsNormCall(kOp, algorithm, quantize, x, residual, gamma, *out,
+                                             *residual_out, eps, rows, hidden);
       error.failure()) {
     return error;
   }
-  const ffi::DataType out_dtype = quantize ? ffi::DataType::F8E4M3FN : dtype;
-  if (auto error = CheckNormResult(kOp, "out", x, *out, out_dtype); error.failure()) return error;
-
+  const ffi::DataType dtype = x.element_type();
   ffi::Error error = ffi::Error::Success();
   auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
   if (state == nullptr) return error;
