@@ -7,6 +7,16 @@
 // so that enough bytes are in flight to saturate HBM. Groups of up to 32
 // threads reduce with warp shuffles alone; wider groups add one pass
 // through shared memory. Small rows pack several groups into one block.
+//
+// Latency matters as much for the few-token calls of decoding: with at
+// most kPrefetchVectors vectors per thread, gamma is loaded together with
+// the row, so that a call waits for memory once, not twice (before and
+// after the reduction). Rows of more than 1024 * kPrefetchVectors vectors
+// take up to kMaxVectorsPerThread per thread and load gamma after the
+// reduction: prefetching it there costs registers (64 at most, for
+// 1024-thread blocks) and measured slower. The plan depends on the row
+// length alone, so a row's result does not depend on how many rows a call
+// has.
 #include "gpu/rms_norm.h"
 
 #include <cuda_bf16.h>
@@ -23,7 +33,11 @@ namespace jax_ar::gpu {
 namespace {
 
 constexpr int kMaxVectorsPerThread = 4;
+constexpr int kPrefetchVectors = 2;
+constexpr int kMaxThreadsPerRow = 1024;
 constexpr int kMinBlockThreads = 256;
+static_assert(kMaxRowVectors <= kMaxThreadsPerRow * kMaxVectorsPerThread,
+              "LaunchTyped instantiates up to kMaxVectorsPerThread vectors per thread");
 
 // Element type -> float32 and back (round to nearest even), 16 bytes at a time.
 template <typename T>
@@ -120,13 +134,17 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
   const auto* x = static_cast<const uint4*>(args.x) + base;
   const auto* residual = static_cast<const uint4*>(args.residual);  // offset where used
 
-  uint4 loaded[kVectors], loaded_residual[kVectors];
+  // The same for every row: cached.
+  const auto* gamma = static_cast<const uint4*>(args.gamma);
+  constexpr bool kPrefetchGamma = kVectors <= kPrefetchVectors;
+  uint4 loaded[kVectors], loaded_residual[kVectors], loaded_gamma[kVectors];
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (active && i < args.row_vectors) {
       loaded[k] = x[i];
       if constexpr (kResidual) loaded_residual[k] = residual[base + i];
+      if constexpr (kPrefetchGamma) loaded_gamma[k] = gamma[i];
     }
   }
 
@@ -156,14 +174,13 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
   const float total = RowSum(sum_squares, args.threads_per_row, partials);
   const float inv_rms = rsqrtf(fmaf(total, args.inv_hidden, args.eps));
   if (!active) return;
-  const auto* gamma = static_cast<const uint4*>(args.gamma);  // the same for every row: cached
   auto* out = static_cast<uint4*>(args.out) + base;
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (i < args.row_vectors) {
       float g[L::kCount];
-      L::Unpack(gamma[i], g);
+      L::Unpack(kPrefetchGamma ? loaded_gamma[k] : gamma[i], g);
 #pragma unroll
       for (int j = 0; j < L::kCount; ++j) v[k][j] = __fmul_rn(__fmul_rn(v[k][j], inv_rms), g[j]);
       out[i] = L::Pack(v[k]);
@@ -181,8 +198,10 @@ __global__ void __launch_bounds__(1024, 1) RmsNormKernel(NormArgs args) {
                                             partials);
 }
 
-// Launch shape from the row length alone: up to four vectors per thread, a
-// power-of-two group per row, and at least kMinBlockThreads per block.
+// Launch shape from the row length alone: a power-of-two group per row with
+// up to kPrefetchVectors vectors per thread (up to kMaxVectorsPerThread once
+// the group has kMaxThreadsPerRow threads), and at least kMinBlockThreads per
+// block.
 struct Plan {
   int threads_per_row;
   int vectors_per_thread;
@@ -191,7 +210,7 @@ struct Plan {
 
 Plan PlanRows(int row_vectors) {
   int threads = 1;
-  while (threads * kMaxVectorsPerThread < row_vectors) threads *= 2;
+  while (threads * kPrefetchVectors < row_vectors && threads < kMaxThreadsPerRow) threads *= 2;
   Plan plan;
   plan.threads_per_row = threads;
   plan.vectors_per_thread = (row_vectors + threads - 1) / threads;
