@@ -18,9 +18,12 @@ of the samples.
 """
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
 import statistics
+import tempfile
 import time
 
 import jax
@@ -28,8 +31,8 @@ from jax.sharding import PartitionSpec as P
 
 from . import _compat
 
-__all__ = ["calibrate", "chained", "count_collectives", "gather", "launches_for", "measure",
-           "psum_like", "typical_spread"]
+__all__ = ["calibrate", "chained", "count_collectives", "device_time_per_call", "gather",
+           "launches_for", "measure", "psum_like", "typical_spread"]
 
 
 def psum_like(x, axis: str, op: str):
@@ -87,6 +90,43 @@ def measure(run, chain: int, launches: int, repeats: int):
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - start) * 1e6 / (launches * chain))
     return statistics.median(samples), samples, out
+
+
+def device_time_per_call(run, chain: int, launches: int = 3):
+    """(GPU kernel seconds per call, kernels per call) over `launches`
+    launches of `run()`, a program of `chain` calls, from a jax.profiler
+    trace: the durations of the kernels on the GPU's stream lines, summed.
+    Host work and the gaps between kernels are not in it, so it compares
+    what the kernels themselves cost. (None, 0) where the trace holds no GPU
+    kernels (CPU devices)."""
+    jax.block_until_ready(run())
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder)
+        try:
+            out = None
+            for _ in range(launches):
+                out = run()
+            jax.block_until_ready(out)
+        finally:
+            jax.profiler.stop_trace()
+        files = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
+        if not files:
+            return None, 0
+        profile = jax.profiler.ProfileData.from_file(files[0])
+    total_ns, kernels = 0, 0
+    for plane in profile.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if "Stream" not in line.name:  # not the derived "XLA Ops"-style lines
+                continue
+            for event in line.events:
+                total_ns += event.duration_ns
+                kernels += 1
+    if not kernels:
+        return None, 0
+    calls = launches * chain
+    return total_ns * 1e-9 / calls, kernels / calls
 
 
 def launches_for(launch_s: float, min_launches: int, min_sample_s: float,
