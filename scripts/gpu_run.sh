@@ -13,9 +13,11 @@
 #          (2, 4, 8): tests/test_gpu.py, tests/test_all_reduce.py and, when
 #          present, the norm tests (JAX_AR_GPU_TESTS overrides the list,
 #          JAX_AR_GPU_TESTS_K passes -k)
+#   norm   benchmarks/rms_norm_bench.py (one GPU; JAX_AR_SKIP_NORM_BENCH skips
+#          it) and its --fused part (2 ranks)
 #   bench  per-call overhead (2 ranks; command buffers JAX_AR_PER_CALL_MODES,
 #          default "on off"; JAX_AR_PER_CALL_CALLS calls per program), then
-#          benchmarks/rms_norm_bench.py and python -m jax_ar bench when present
+#          the norm stage and python -m jax_ar bench
 #
 # CUDA MPS is started before the first stage that runs ranks and stopped at
 # exit (several processes on one GPU only run kernels concurrently under MPS).
@@ -160,6 +162,18 @@ stage_tests() {
   grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/tests.log" | tail -40 >> "$SUMMARY"
 }
 
+stage_norm() {
+  start_mps
+  export JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-60}"
+  [ -n "${JAX_AR_SKIP_NORM_BENCH:-}" ] || \
+    step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py \
+      --json "$OUT/rms_norm_bench.json"
+  step "benchmarks/rms_norm_bench.py --fused, 2 ranks" "$OUT/bench.log" $(launcher 2) \
+    benchmarks/rms_norm_bench.py --fused --json "$OUT/rms_norm_bench_fused.json"
+  grep -hE "^ +[0-9]+ +[0-9]+ |^# (target|copy|rms_norm|all_reduce_rms_norm)|^\[rank 0\] +[0-9]+ +[0-9]+ " \
+    "$OUT/bench.log" | tail -50 >> "$SUMMARY"
+}
+
 stage_bench() {
   start_mps
   export JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-60}"
@@ -173,13 +187,7 @@ stage_bench() {
   done
   grep -h "PER_CALL_RESULT" "$OUT/bench.log" 2>/dev/null | sed 's/^.*PER_CALL_RESULT //' > "$OUT/per_call.json"
   grep -h "per call:" "$OUT/bench.log" 2>/dev/null | sed 's/^\[rank 0\] /      /' >> "$SUMMARY"
-  if [ -e benchmarks/rms_norm_bench.py ]; then
-    [ -n "${JAX_AR_SKIP_NORM_BENCH:-}" ] || \
-      step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py
-    step "benchmarks/rms_norm_bench.py --fused, 2 ranks" "$OUT/bench.log" $(launcher 2) \
-      benchmarks/rms_norm_bench.py --fused
-    grep -hiE "TB/s|fused|speedup" "$OUT/bench.log" | tail -30 >> "$SUMMARY"
-  fi
+  stage_norm
   if [ -e jax_ar/bench.py ]; then
     local dir; dir="$(mktemp -d)"
     step "python -m jax_ar bench (2 ranks)" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -n 2 \
@@ -192,8 +200,8 @@ stage_bench() {
 
 for stage in "${STAGES[@]}"; do
   case "$stage" in
-    build|smoke|tests|bench) "stage_$stage" ;;
-    *) say "unknown stage $stage (stages: build smoke tests bench)" ;;
+    build|smoke|tests|norm|bench) "stage_$stage" ;;
+    *) say "unknown stage $stage (stages: build smoke tests norm bench)" ;;
   esac
 done
 
