@@ -28,14 +28,14 @@ L * K calls instead of once per K; L is chosen after warm-up so that a
 sample lasts at least 20 ms. jax_ar's and XLA's samples alternate, and the
 median of the repeats is reported. The per-call time of a single launch is
 kept in the JSON too (`*_one_launch_us`): it shows what that fixed cost adds
-when it is divided by K alone. At a few tokens even L launches are bound
-by the host (dispatch of up to 64 arrays per launch), so a second figure
-comes from a jax.profiler trace of 3 launches: the GPU kernel time per call
-(`dev` columns; XLA's fusion is two kernels per call, summed; the gaps
-between kernels are in neither). When one chain's buffers would stay in the
-60 MB L2 between calls, R independent chains are interleaved (call i
+when it is divided by K alone. A second figure comes from a
+jax.profiler trace of 3 launches: the GPU kernel time per call (`dev`
+columns; XLA's fusion is two kernels per call, summed), what the kernels
+cost without the gaps between them and without host work. When one chain's buffers would stay in the
+60 MB L2 between calls, R <= 32 independent chains are interleaved (call i
 continues chain i mod R) so that every call reads inputs last touched R
-calls earlier, after more than twice L2 of traffic.
+calls earlier, after more than twice L2 of traffic; calls too small for
+32 chains to do that (under 3.75 MB) run in one chain, from L2.
 """
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ TOKENS = [2**i for i in range(16)]  # 1 .. 32768
 HIDDEN = (4096, 8192)
 FUSED_TOKENS = (1, 16, 128, 512, 2048)
 EPS = 1e-6
+MAX_CHAINS = 32
 MIN_SAMPLE_S = 0.02
 MIN_LAUNCHES = 3
 
@@ -77,9 +78,14 @@ def chained(step, num_chains, calls):
 
 
 def plan(bytes_per_call_touched, expected_s):
-    """(chains, calls): enough chains to leave L2, enough calls for ~3 ms."""
-    chains = max(1, min(32, math.ceil(2 * L2_BYTES / max(1, bytes_per_call_touched))))
-    calls = max(16, min(64, math.ceil(3e-3 / expected_s)))
+    """(chains, calls). Chains: enough that a call's inputs were last touched
+    more than twice L2 earlier, where MAX_CHAINS can do that; otherwise one,
+    since the data stays in L2 whatever the order and every chain adds
+    arrays that the host dispatches on each launch. Calls: enough for about
+    3 ms per launch, 16 to 256."""
+    needed = math.ceil(2 * L2_BYTES / max(1, bytes_per_call_touched))
+    chains = needed if needed <= MAX_CHAINS else 1
+    calls = max(16, min(256, math.ceil(3e-3 / expected_s)))
     calls = max(chains, calls // chains * chains)
     return chains, calls
 

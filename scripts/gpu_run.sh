@@ -170,7 +170,7 @@ stage_norm() {
       --json "$OUT/rms_norm_bench.json"
   step "benchmarks/rms_norm_bench.py --fused, 2 ranks" "$OUT/bench.log" $(launcher 2) \
     benchmarks/rms_norm_bench.py --fused --json "$OUT/rms_norm_bench_fused.json"
-  grep -hE "^ +[0-9]+ +[0-9]+ |^# (target|copy|rms_norm|all_reduce_rms_norm)|^\[rank 0\] +[0-9]+ +[0-9]+ " \
+  grep -hE "^ +[0-9]+ +[0-9]+ |^# (target|kernel|copy|rms_norm|all_reduce_rms_norm)|^\[rank 0\] +[0-9]+ +[0-9]+ " \
     "$OUT/bench.log" | tail -50 >> "$SUMMARY"
 }
 
