@@ -29,7 +29,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_ar  # noqa: E402
 from jax_ar import _bench_data as data  # noqa: E402
-from jax_ar import _compat  # noqa: E402
 from jax_ar._timing import (calibrate, chained, count_collectives, gather,  # noqa: E402
                             launches_for, measure, psum_like)
 from jax_ar.communicator import VERSION  # noqa: E402
