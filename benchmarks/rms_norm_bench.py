@@ -45,7 +45,6 @@ import json
 import math
 import statistics
 import sys
-import time
 import uuid
 
 import numpy as np
@@ -99,14 +98,8 @@ def copy_bandwidth(repeats):
     calls = 16
     copy = jax.jit(lambda a: jnp.copy(a))
     jax.block_until_ready(copy(x))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls - 1):
-            copy(x)
-        jax.block_until_ready(copy(x))
-        samples.append((time.perf_counter() - start) / calls)
-    memcpy = 2 * n * 2 / statistics.median(samples)
+    copy_us = _timing.measure(lambda: copy(x), 1, calls, repeats)[0]
+    memcpy = 2 * n * 2 / (copy_us * 1e-6)
     one = jnp.bfloat16(1)
     add = chained(lambda a: (a + one,), 1, calls)
     elementwise = 2 * n * 2 / pipelined({"add": add}, ((x,),), calls, repeats)["add"][0]
