@@ -22,8 +22,10 @@
 # CUDA MPS is started before the first stage that runs ranks and stopped at
 # exit (several processes on one GPU only run kernels concurrently under MPS).
 # Results go to $OUT (default ./gpu_results): summary.txt (machine, date,
-# PASS/FAIL/TIME/SKIP per step with seconds, benchmark figures) and one log
-# per stage, plus the benchmarks' JSON; at most 8 files. JAX_AR_GPU_BUDGET_S
+# PASS/FAIL/TIME/SKIP per step with seconds, benchmark figures), build.log,
+# tests.log (smoke and tests), bench.log (norm and bench; the per-call
+# benchmark's JSON lines start with PER_CALL_RESULT), and the benchmarks'
+# JSON and plot: at most 8 files, what the device tool brings back. JAX_AR_GPU_BUDGET_S
 # (default 570, for a device tool that allows 600 s per command) bounds the
 # whole run: each step gets what is left of it (at most JAX_AR_STEP_MAX_S),
 # so a run cut short still leaves its summary. Everything takes longer than one such command (build
@@ -122,18 +124,18 @@ stage_smoke() {
   local suites="${JAX_AR_SMOKE_SUITES-fused sizes back_to_back replay_after_close timeout}"
   local values="${JAX_AR_SMOKE_VALUES-values specials pytree}"
   if [ -n "$suites" ]; then
-    step "smoke: gpu_worker $suites, 2 ranks" "$OUT/smoke.log" $(launcher 2) \
+    step "smoke: gpu_worker $suites, 2 ranks" "$OUT/tests.log" $(launcher 2) \
       tests/workers/gpu_worker.py $suites
   fi
   if [ -n "$values" ]; then
-    step "smoke: all_reduce_worker $values, 2 ranks" "$OUT/smoke.log" $(launcher 2) \
+    step "smoke: all_reduce_worker $values, 2 ranks" "$OUT/tests.log" $(launcher 2) \
       tests/workers/all_reduce_worker.py $values
   fi
   # The other operations' workers, all their suites, 2 ranks (JAX_AR_SMOKE_OTHERS="" skips).
   local worker
   for worker in ${JAX_AR_SMOKE_OTHERS-norm_all_reduce_rms_norm_worker axes_scatter_gather_worker}; do
     [ -e "tests/workers/$worker.py" ] || continue
-    step "smoke: $worker, 2 ranks" "$OUT/smoke.log" $(launcher 2) "tests/workers/$worker.py"
+    step "smoke: $worker, 2 ranks" "$OUT/tests.log" $(launcher 2) "tests/workers/$worker.py"
   done
 }
 
@@ -185,7 +187,6 @@ stage_bench() {
         benchmarks/per_call_overhead.py --calls "$calls"
     )
   done
-  grep -h "PER_CALL_RESULT" "$OUT/bench.log" 2>/dev/null | sed 's/^.*PER_CALL_RESULT //' > "$OUT/per_call.json"
   grep -h "per call:" "$OUT/bench.log" 2>/dev/null | sed 's/^\[rank 0\] /      /' >> "$SUMMARY"
   stage_norm
   if [ -e jax_ar/bench.py ]; then
