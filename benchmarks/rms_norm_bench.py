@@ -23,19 +23,19 @@ jitted function, each call's inputs are the previous call's outputs (no
 fori_loop), with an optimization barrier between calls so that XLA cannot
 fuse across them. A sample launches that program L times back to back and
 blocks once, so that the host's fixed cost of one execution (dispatch,
-command-buffer launch, the wake-up after the last kernel) is paid once per
-L * K calls instead of once per K; L is chosen after warm-up so that a
-sample lasts at least 20 ms. jax_ar's and XLA's samples alternate, and the
-median of the repeats is reported. The per-call time of a single launch is
-kept in the JSON too (`*_one_launch_us`): it shows what that fixed cost adds
-when it is divided by K alone. A second figure comes from a
-jax.profiler trace of 3 launches: the GPU kernel time per call (`dev`
-columns; XLA's fusion is two kernels per call, summed), what the kernels
-cost without the gaps between them and without host work. When one chain's buffers would stay in the
-60 MB L2 between calls, R <= 32 independent chains are interleaved (call i
+command-buffer launch, the wake-up after the last kernel) is paid once
+per L * K calls instead of once per K; L is chosen after warm-up so that a sample
+lasts at least 20 ms. jax_ar's and XLA's samples alternate, and the median
+of the repeats is reported. The per-call time of a single launch is kept in
+the JSON too (`*_one_launch_us`): it shows what that fixed cost adds when it
+is divided by K alone. A second figure comes from a jax.profiler trace of 3
+launches: the GPU kernel time per call (`dev` columns; XLA's fusion is two
+kernels per call, summed), what the kernels cost without the gaps between
+them and without host work. When one chain's buffers would stay in the 60 MB
+L2 between calls, R <= 32 independent chains are interleaved (call i
 continues chain i mod R) so that every call reads inputs last touched R
-calls earlier, after more than twice L2 of traffic; calls too small for
-32 chains to do that (under 3.75 MB) run in one chain, from L2.
+calls earlier, after more than twice L2 of traffic; calls too small for 32
+chains to do that (under 3.75 MB) run in one chain, from L2.
 """
 from __future__ import annotations
 
@@ -260,9 +260,9 @@ def bench_fused(args):
                 lambda idx: np.ones((tokens, hidden), jnp.bfloat16)[idx])
             g = jax.make_array_from_callback((hidden,), replicated,
                                              lambda idx: np.ones((hidden,), jnp.bfloat16)[idx])
-            impls = {name: _timing.chained(step, mesh, "tp", calls, n_args=3)
-                     for name, step in steps.items()}
-            impls = {name: (lambda a, fn=fn: fn(*a)) for name, fn in impls.items()}
+            programs = {name: _timing.chained(step, mesh, "tp", calls, n_args=3)
+                        for name, step in steps.items()}
+            impls = {name: (lambda a, fn=fn: fn(*a)) for name, fn in programs.items()}
             case = f"{hidden}/{tokens}"
             agree = lambda seconds: max(_timing.gather(run_id, case, seconds, 300))
             timed = pipelined(impls, (x, residual, g), calls, args.repeats, agree=agree)
