@@ -34,7 +34,6 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
-from jax_ar import _native
 
 
 def chain(step, calls):
@@ -88,8 +87,7 @@ def main():
                                  args.calls)),
         "copy": wrap(chain(lambda y: jax.lax.optimization_barrier(-y), args.calls)),
     }
-    module = _native.backend_module("gpu") if comm.platform == "gpu" else None
-    handler_calls = module.handler_calls if module is not None else (lambda: 0)
+    handler_calls = comm.handler_calls
     results = {}
     for name, fn in programs.items():
         samples, handler_runs = timed(fn, x, args.repeats, handler_calls)

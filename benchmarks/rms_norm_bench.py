@@ -5,7 +5,7 @@ for hidden 4096 and 8192 and tokens 1..32768, against
   (a) the device's copy bandwidth, measured in the same run on a 1 GiB
       bfloat16 array: the better of a device-to-device copy and XLA's
       x + 1, counting bytes read and written, and
-  (b) XLA's own fusion of the same jnp code (jax_ar.rms_norm.reference).
+  (b) XLA's own fusion of the same jnp code (jax_ar.tools.baselines.xla_rms_norm).
 It moves 4 * tokens * hidden * 2 bytes per call (reads x and residual,
 writes out and residual_out). Targets (issue 4): >= 90% of the copy
 bandwidth for tokens >= 8192, and never slower than XLA's fusion.
@@ -18,7 +18,7 @@ It is skipped, saying why, when the build has no fused CUDA kernel. Ranks
 on one GPU share its bandwidth and SMs: these figures compare the two
 paths' costs, they say nothing about NVLink.
 
-Timing (jax_ar/_timing.py, as `python -m jax_ar bench`): K calls in one
+Timing (jax_ar/timing.py, as `python -m jax_ar bench`): K calls in one
 jitted function, each call's inputs are the previous call's outputs (no
 fori_loop), with an optimization barrier between calls so that XLA cannot
 fuse across them. A sample launches that program L times back to back and
@@ -52,7 +52,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from jax_ar import _timing
+from jax_ar.tools import timing
 
 L2_BYTES = 60 << 20
 TOKENS = [2**i for i in range(16)]  # 1 .. 32768
@@ -98,7 +98,7 @@ def copy_bandwidth(repeats):
     calls = 16
     copy = jax.jit(lambda a: jnp.copy(a))
     jax.block_until_ready(copy(x))
-    copy_us = _timing.measure(lambda: copy(x), 1, calls, repeats)[0]
+    copy_us = timing.measure(lambda: copy(x), 1, calls, repeats)[0]
     memcpy = 2 * n * 2 / (copy_us * 1e-6)
     one = jnp.bfloat16(1)
     add = chained(lambda a: (a + one,), 1, calls)
@@ -126,27 +126,27 @@ def uses_kernel(gamma, x):
 def pipelined(impls, args, calls, repeats, agree=None):
     """{name: (median seconds per call, seconds per call of one launch)} for
     each function in `impls` (each a program of `calls` calls taking
-    `args`). Samples of L back-to-back launches (jax_ar/_timing.py), the
+    `args`). Samples of L back-to-back launches (jax_ar/timing.py), the
     implementations' samples interleaved so that drift in the machine
     affects all alike. `agree(seconds)` makes ranks agree on L (the
     slowest rank's launch time): every launch of a collective program must
     happen on every rank."""
     runs = {name: (lambda fn=fn: fn(args)) for name, fn in impls.items()}
-    one_launch = {name: _timing.calibrate(run, warmup=2) for name, run in runs.items()}
+    one_launch = {name: timing.calibrate(run, warmup=2) for name, run in runs.items()}
     slowest = max(one_launch.values())
-    launches = _timing.launches_for(agree(slowest) if agree else slowest, MIN_LAUNCHES,
+    launches = timing.launches_for(agree(slowest) if agree else slowest, MIN_LAUNCHES,
                                     MIN_SAMPLE_S)
     samples = {name: [] for name in impls}
     for _ in range(repeats):
         for name, run in runs.items():
-            per_call_us = _timing.measure(run, calls, launches, 1)[0]
+            per_call_us = timing.measure(run, calls, launches, 1)[0]
             samples[name].append(per_call_us * 1e-6)
     return {name: (statistics.median(s), one_launch[name] / calls) for name, s in samples.items()}
 
 
 def bench_norm(args):
     import jax_ar
-    from jax_ar.rms_norm import reference
+    from jax_ar.tools.baselines import xla_rms_norm as reference
 
     device = jax.devices()[0]
     copy_bps, memcpy_bps, add_bps = copy_bandwidth(args.repeats)
@@ -174,7 +174,7 @@ def bench_norm(args):
                      for name, impl in (("jax_ar", ours), ("xla", xla))}
             timed = pipelined(impls, states, calls, args.repeats)
             seconds = {name: t[0] for name, t in timed.items()}
-            device_s = {name: _timing.device_time_per_call(lambda fn=fn: fn(states), calls)
+            device_s = {name: timing.device_time_per_call(lambda fn=fn: fn(states), calls)
                         for name, fn in impls.items()}
             row = dict(hidden=hidden, tokens=tokens, bytes=moved, chains=chains, calls=calls,
                        jax_ar_us=seconds["jax_ar"] * 1e6, xla_us=seconds["xla"] * 1e6,
@@ -219,14 +219,13 @@ def bench_norm(args):
 def bench_fused(args):
     import jax_ar
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from jax_ar.rms_norm import _module_serves
+    from jax_ar.tools.baselines import fused_norm_unavailable
 
     mesh = jax.make_mesh((jax.device_count(),), ("tp",))
     comm = jax_ar.setup(mesh, "tp")
     me = jax.process_index()
     say = (lambda *a: print(*a, flush=True)) if me == 0 else (lambda *a: None)
-    reason = None if comm.serves_calls else comm.fallback_reason
-    reason = reason or _module_serves(comm.platform, "jax_ar_all_reduce_rms_norm")
+    reason = fused_norm_unavailable(comm)
     if reason:
         say(f"# fused all_reduce_rms_norm benchmark skipped: {reason}")
         comm.close()
@@ -237,7 +236,7 @@ def bench_fused(args):
     say(f"{'hidden':>6} {'tokens':>6} {'fused us':>9} {'separate us':>11} {'separate/fused':>14}")
     world = comm.world_size
     # One id for this run's key-value entries, the same on every rank.
-    run_id = _timing.gather("rms_norm_bench", "run_id", uuid.uuid4().hex, 300)[0]
+    run_id = timing.gather("rms_norm_bench", "run_id", uuid.uuid4().hex, 300)[0]
     steps = {
         "fused": lambda x, r, g: (*jax_ar.all_reduce_rms_norm(x, r, g, "tp", eps=EPS), g),
         "separate": lambda x, r, g: (*jax_ar.rms_norm(jax_ar.all_reduce(x, "tp"), g, eps=EPS,
@@ -260,11 +259,11 @@ def bench_fused(args):
                 lambda idx: np.ones((tokens, hidden), jnp.bfloat16)[idx])
             g = jax.make_array_from_callback((hidden,), replicated,
                                              lambda idx: np.ones((hidden,), jnp.bfloat16)[idx])
-            programs = {name: _timing.chained(step, mesh, "tp", calls, n_args=3)
+            programs = {name: timing.chained(step, mesh, "tp", calls, n_args=3)
                         for name, step in steps.items()}
             impls = {name: (lambda a, fn=fn: fn(*a)) for name, fn in programs.items()}
             case = f"{hidden}/{tokens}"
-            agree = lambda seconds: max(_timing.gather(run_id, case, seconds, 300))
+            agree = lambda seconds: max(timing.gather(run_id, case, seconds, 300))
             timed = pipelined(impls, (x, residual, g), calls, args.repeats, agree=agree)
             row = dict(hidden=hidden, tokens=tokens, fused_us=timed["fused"][0] * 1e6,
                        separate_us=timed["separate"][0] * 1e6)

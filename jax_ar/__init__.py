@@ -7,15 +7,12 @@ import pkgutil as _pkgutil
 # the compiled modules be found in the installed copy.
 __path__ = _pkgutil.extend_path(__path__, __name__)
 
-from .all_gather import all_gather  # noqa: E402
-from .all_reduce import all_reduce  # noqa: E402
-from .all_reduce_rms_norm import all_reduce_rms_norm  # noqa: E402
-from .communicator import Communicator, setup  # noqa: E402
+from ._collectives import all_gather, all_reduce, reduce_scatter  # noqa: E402
+from ._norms import all_reduce_rms_norm, rms_norm  # noqa: E402
+from ._setup import setup  # noqa: E402
+from ._version import __version__  # noqa: E402,F401
+from .comm.communicator import Communicator  # noqa: E402
 from .errors import JaxArError, JaxArTimeoutError  # noqa: E402
-from .reduce_scatter import reduce_scatter  # noqa: E402
-from .rms_norm import rms_norm  # noqa: E402
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Communicator",

@@ -11,9 +11,9 @@ import threading
 
 import jax
 
-from . import _jax_ar_host as host
+import jax_ar._jax_ar_host as cpu  # the compiled CPU module (always built)
 
-__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "host"]
+__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "cpu"]
 
 # Mirrors of cuda/common/protocol.h.
 OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}

@@ -13,8 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx  # absolute import: the flax package, not this module
 
-from .all_reduce_rms_norm import all_reduce_rms_norm
-from .rms_norm import rms_norm
+from ._norms import all_reduce_rms_norm, rms_norm
 
 __all__ = ["AllReduceRMSNorm", "RMSNorm"]
 

@@ -1,7 +1,7 @@
 """When the norm tests cannot run on this machine (shared by their test files)."""
 from __future__ import annotations
 
-from multiprocess import ON_GPU
+from harness import ON_GPU
 
 
 def fused_target_missing() -> str | None:

@@ -1,17 +1,19 @@
 """jax_ar.flax: RMSNorm against flax.nnx.RMSNorm (parameter, checkpoints both
 ways, outputs for each dtype combination) and AllReduceRMSNorm inside
-shard_map, in one launch of two ranks (workers/norm_flax_worker.py)."""
+shard_map, in one launch of two ranks (workers/flax_modules.py)."""
 import pytest
 
-from multiprocess import run_ranks
+from harness import check_suite
 from norm_skips import fused_target_missing
 
 pytest.importorskip("flax")
 
+WORKER = "flax_modules.py"
 
-def test_flax_modules():
+
+@pytest.mark.parametrize("suite", ["rms_norm", "all_reduce_rms_norm"])
+def test_flax_modules(suite):
     missing = fused_target_missing()
     if missing:
         pytest.skip(missing)
-    run_ranks("norm_flax_worker.py", "rms_norm", "all_reduce_rms_norm", processes=2,
-              timeout_s=600)
+    check_suite(WORKER, suite, "rms_norm", "all_reduce_rms_norm", processes=2, timeout_s=600)

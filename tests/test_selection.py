@@ -9,11 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from multiprocess import ON_GPU, run_ranks
+from harness import ON_GPU, run_ranks
 
-from jax_ar import _native, _table, selection
-from jax_ar.communicator import VERSION
-from jax_ar.tune import fit_curve
+from jax_ar import _native, selection
+from jax_ar.selection import table as _table
+from jax_ar import __version__ as VERSION
+from jax_ar.tools.tune import fit_curve
 
 SIZES = [1 << k for k in range(0, 31)]  # 1 B .. 1 GiB
 
@@ -31,7 +32,7 @@ def isolated_tables(tmp_path, monkeypatch):
 def capacity_of(world, workspace=64 << 20, platform="cpu"):
     """What one round carries, from the compiled module's own layout (the
     GPU one when it was built, as in CI; else the host one)."""
-    module = _native.host
+    module = _native.cpu
     if platform == "gpu":
         try:
             from jax_ar import _jax_ar_cuda as module
@@ -193,4 +194,4 @@ def test_fit_is_monotone_and_close_on_noisy_measurements():
 def test_overrides_and_logging():
     if ON_GPU:
         pytest.skip("the tracing checks run on CPU devices")
-    run_ranks("bench_selection_worker.py", processes=1, devices_per_process=2, timeout_s=300)
+    run_ranks("selection_auto.py", processes=1, devices_per_process=2, timeout_s=300)

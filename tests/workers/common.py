@@ -165,6 +165,39 @@ def expect_error(kind, fragment, fn):
     raise AssertionError(f"expected {kind.__name__} mentioning {fragment!r}")
 
 
+class SuiteSkipped(Exception):
+    """Raised by a suite that cannot run here (its message says why)."""
+
+
+def run_suites(suites: dict, names, *args) -> None:
+    """Runs suites[name](*args) for each name, in order, with one marker line
+    per suite that tests/harness.py turns into that suite's test result. The
+    first failure prints its traceback and stops the worker: later suites
+    would run on a communicator in an unknown state."""
+    names = list(names)
+    log(f"@@suites planned: {' '.join(names)}")
+    for name in names:
+        try:
+            suites[name](*args)
+        except SuiteSkipped as e:
+            log(f"@@suite {name} skipped: {e}")
+            continue
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            sys.stdout.flush()
+            log(f"@@suite {name} failed")
+            raise
+        log(f"@@suite {name} ok")
+
+
+def suites_in(namespace: dict) -> dict:
+    """{name: suite_name function} of a worker module, in definition order."""
+    return {name[len("suite_"):]: fn for name, fn in namespace.items()
+            if name.startswith("suite_")}
+
+
 def run_communicator_suites(suites: dict, argv, workspace_bytes=None) -> None:
     """Sets up jax_ar on a 1-D "tp" mesh of every device, runs the suites
     named in argv (all by default) as suite(mesh, comm), then closes."""
@@ -174,8 +207,7 @@ def run_communicator_suites(suites: dict, argv, workspace_bytes=None) -> None:
     comm = jax_ar.setup(mesh, "tp", workspace_bytes=workspace_bytes)
     assert comm.serves_calls, comm
     log(f"{jax.device_count()} devices, {jax.process_count()} processes, {comm}")
-    for name in argv or list(suites):
-        suites[name](mesh, comm)
+    run_suites(suites, argv or list(suites), mesh, comm)
     comm.close()
 
 

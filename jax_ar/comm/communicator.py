@@ -1,0 +1,400 @@
+"""jax_ar.setup() and the Communicator it returns.
+
+A communicator serves one axis of one mesh. The mesh's devices fall into
+groups along that axis (a (2, 4) mesh over ("dp", "tp") set up on "tp" gives
+2 groups of 4); each device is one rank of its group. Setup gives every
+local device a workspace, exchanges handles with the other processes
+through the jax.distributed key-value store, maps every peer's workspace,
+and registers each local rank with the compiled module, where the FFI
+handlers look it up by (comm_id, device ordinal).
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import hashlib
+import os
+import threading
+
+import jax
+import numpy as np
+
+from .. import _native, config
+from .._version import __version__
+from ..errors import JaxArError
+from .backend import Backend
+from .rendezvous import Rendezvous, machine_identity
+
+__all__ = ["Communicator", "close_all", "find_communicator", "open_communicator",
+           "open_communicators"]
+
+MAX_RANKS = 16  # cuda/common/protocol.h kMaxRanks
+MIN_WORKSPACE_BYTES = 1 << 20
+MAX_WORKSPACE_BYTES = 1 << 40  # more than any GPU or /dev/shm holds; keeps sizes in int64
+DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "gpu": 64 << 20}
+
+_lock = threading.RLock()
+_open: dict[tuple, "Communicator"] = {}
+_generations: collections.Counter = collections.Counter()
+
+
+class Communicator:
+    """jax_ar's state for one (mesh, axis): workspaces, peers, and whether it
+    serves calls itself or falls back to psum (`fallback_reason`)."""
+
+    def __init__(self, mesh, axis_name, platform, groups, workspace_bytes, timeout_s, comm_id):
+        self.mesh = mesh
+        self.axis_name = axis_name
+        self.platform = platform
+        self.groups = groups  # list of device lists, rank order
+        self.world_size = len(groups[0])
+        self.workspace_bytes = workspace_bytes
+        self.timeout_s = timeout_s
+        self.comm_id = comm_id
+        self.fallback_reason: str | None = None
+        # Why psum cannot serve this axis (ranks sharing a GPU), or None;
+        # algorithm="auto" then never picks it.
+        self.psum_unavailable: str | None = None
+        self.local_ranks = {d: rank for group in groups for rank, d in enumerate(group)
+                            if d.process_index == jax.process_index()}
+        self._backend = None
+        self._capacities = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def serves_calls(self) -> bool:
+        """True when calls run jax_ar's own kernels (not the psum fallback)."""
+        return not self._closed and self.fallback_reason is None
+
+    def capacity_bytes(self, key: str) -> int:
+        """Largest message one protocol round carries (key "oneshot" or
+        "twoshot"; larger ones take several), or a sender's share of a data
+        half ("sender_share"). The compiled module of the platform answers
+        from its own workspace layout (CPU and GPU divide it differently)."""
+        if self._capacities is None:
+            try:
+                module = backend_for(self.platform).module
+            except RuntimeError:  # no module for this platform: psum serves every call
+                module = _native.cpu
+            self._capacities = dict(module.capacities(self.workspace_bytes, self.world_size))
+        return self._capacities[key]
+
+    def handler_calls(self) -> int:
+        """How often this process's all-reduce FFI handler of the platform has
+        run (host work per call; a CUDA graph replays the kernels without
+        it). 0 where the module does not count (CPU)."""
+        counter = getattr(self._backend.module if self._backend else None, "handler_calls", None)
+        return counter() if counter else 0
+
+    def check(self) -> None:
+        """Raises JaxArError if a call has failed on a local rank, or (where
+        the backend can tell) on a peer: the communicator is then unusable
+        until close() and a new setup()."""
+        if self._closed:
+            raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} is closed")
+        if self._backend is None:
+            return
+        for device, rank in self.local_ranks.items():
+            failure = self._backend.failure(self.comm_id, device)
+            if failure:
+                raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} has "
+                                 f"failed (seen from rank {rank}, {device}): {failure}")
+
+    def close(self) -> None:
+        """Releases workspaces and peer mappings, after any call running on
+        this process's ranks has ended. Peers still waiting for this process
+        stop at once with an error. Compiled functions that used this
+        communicator are dropped from JAX's caches, so the next call retraces
+        against whatever communicator is set up then. Never raises; if a peer
+        has started a call that this process never made, that is logged as
+        an error (the peer's call fails)."""
+        self._close(linger_s=0.0)
+
+    def _close(self, linger_s: float) -> list[str]:
+        diverged = []
+        with _lock:
+            if self._closed:
+                return diverged
+            self._closed = True
+            if self._backend is not None:
+                diverged = self._backend.close(self.comm_id, linger_s) or []
+            for key, comm in list(_open.items()):
+                if comm is self:
+                    del _open[key]
+        for text in diverged:
+            config.logger.error("jax_ar: %s", text)
+        if self._backend is not None:
+            jax.clear_caches()
+        return diverged
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = ("closed" if self._closed else
+                 f"psum fallback: {self.fallback_reason}" if self.fallback_reason else "active")
+        return (f"Communicator(axis={self.axis_name!r}, groups={len(self.groups)}x"
+                f"{self.world_size}, platform={self.platform}, {state})")
+
+
+def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
+                      agreement=None) -> Communicator:
+    """jax_ar.setup(): the communicator of `axis_name` of `mesh`, set up once
+    (later calls with the same mesh and axis return it). Collective over the
+    processes that own devices of the mesh. `agreement(comm)` gives more
+    fields (JSON-able) that every process must agree on, next to the
+    configuration."""
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"jax_ar.setup needs a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:
+        raise ValueError(f"jax_ar.setup: axis {axis_name!r} is not an axis of the mesh "
+                         f"(axes: {mesh.axis_names})")
+    platform = _platform_of(mesh)
+    if workspace_bytes is None:
+        workspace_bytes = DEFAULT_WORKSPACE_BYTES.get(platform, MIN_WORKSPACE_BYTES)
+    elif isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)):
+        raise TypeError(f"jax_ar.setup: workspace_bytes must be an int, got {workspace_bytes!r}")
+    elif not MIN_WORKSPACE_BYTES <= workspace_bytes <= MAX_WORKSPACE_BYTES:
+        raise ValueError(f"jax_ar.setup: workspace_bytes must be between {MIN_WORKSPACE_BYTES} "
+                         f"(1 MiB) and {MAX_WORKSPACE_BYTES} (1 TiB), got {workspace_bytes}")
+    workspace_bytes = int(workspace_bytes) // 4096 * 4096
+    try:
+        timeout = config.resolve_timeout(timeout_s)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"jax_ar.setup: {e}") from None
+
+    key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, tuple(mesh.axis_names),
+           axis_name)
+    with _lock:
+        existing = _open.get(key)
+        if existing is not None:
+            if workspace_bytes != existing.workspace_bytes:
+                raise ValueError(
+                    f"jax_ar.setup: axis {axis_name!r} of this mesh is already set up with "
+                    f"workspace_bytes={existing.workspace_bytes}; close() it first to change it")
+            return existing
+        _generations[key] += 1
+        comm_id = _stable_id(key, _generations[key])
+        axis = mesh.axis_names.index(axis_name)
+        devices = np.moveaxis(mesh.devices, axis, -1).reshape(-1, mesh.devices.shape[axis])
+        groups = [list(row) for row in devices]
+        comm = Communicator(mesh, axis_name, platform, groups, workspace_bytes, timeout, comm_id)
+        _connect(comm, agreement or (lambda comm: {}))
+        _open[key] = comm
+        return comm
+
+
+def find_communicator(axis_name, mesh_axis_names=None, mesh_shape=None) -> Communicator | None:
+    """The open communicator of `axis_name`, preferring one whose mesh has the
+    given axis names and shape (the mesh of the enclosing shard_map)."""
+    with _lock:
+        candidates = [c for c in _open.values() if c.axis_name == axis_name]
+    if mesh_axis_names is not None:
+        matching = [c for c in candidates
+                    if tuple(c.mesh.axis_names) == tuple(mesh_axis_names)
+                    and (mesh_shape is None or tuple(c.mesh.devices.shape) == tuple(mesh_shape))]
+        candidates = matching
+    return candidates[-1] if candidates else None
+
+
+_backends: dict[str, Backend] = {}
+
+
+def backend_for(platform: str) -> Backend:
+    """The backend of `platform` ("cpu" or "gpu"); RuntimeError if unavailable."""
+    if platform not in _backends:
+        if platform == "cpu":
+            from .cpu_backend import CpuBackend as backend
+        elif platform == "gpu":
+            from .gpu_backend import GpuBackend as backend
+        else:
+            raise RuntimeError(f"jax_ar has no backend for {platform!r} devices")
+        _backends[platform] = backend()
+    return _backends[platform]
+
+
+def open_communicators() -> list[Communicator]:
+    with _lock:
+        return list(_open.values())
+
+
+def _platform_of(mesh) -> str:
+    platforms = {d.platform for d in mesh.devices.flat}
+    if len(platforms) != 1:
+        raise ValueError(f"jax_ar.setup: the mesh mixes device kinds {sorted(platforms)}")
+    platform = platforms.pop()
+    return "gpu" if platform in ("gpu", "cuda") else platform
+
+
+def _stable_id(key, generation) -> int:
+    digest = hashlib.blake2b(repr((key, generation)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 62) - 1)  # fits the int64 FFI attribute
+
+
+def host_identity() -> str:
+    """What makes two processes "the same host": JAX_AR_HOST_ID if set (tests
+    use it to make processes stand in for hosts), else hostname and boot id."""
+    return os.environ.get("JAX_AR_HOST_ID") or machine_identity()
+
+
+def _fingerprint(comm: Communicator, agreement) -> dict:
+    return {
+        **agreement(comm),
+        "version": __version__,
+        "platform": comm.platform,
+        "axis": comm.axis_name,
+        "mesh_axes": list(comm.mesh.axis_names),
+        "mesh_shape": list(comm.mesh.devices.shape),
+        "devices": hashlib.blake2b(repr([d.id for d in comm.mesh.devices.flat]).encode(),
+                                   digest_size=8).hexdigest(),
+        "group_size": comm.world_size,
+        "workspace_bytes": comm.workspace_bytes,
+    }
+
+
+def _connect(comm: Communicator, agreement) -> None:
+    """Allocates, exchanges and maps workspaces; sets comm.fallback_reason
+    where jax_ar cannot serve. Every process reaches the same decision."""
+    label = f"axis '{comm.axis_name}'"
+    if comm.world_size == 1:
+        comm.fallback_reason = f"{label} has size 1"
+        config.log_once(("fallback", comm.comm_id), f"jax_ar: {comm.fallback_reason}; psum serves it")
+        return
+    if comm.world_size > MAX_RANKS:
+        comm.fallback_reason = f"{label} has {comm.world_size} devices, more than {MAX_RANKS}"
+        config.log_once(("fallback", comm.comm_id), f"jax_ar: {comm.fallback_reason}; psum serves it")
+        return
+    try:
+        backend = backend_for(comm.platform)
+    except RuntimeError as e:
+        comm.fallback_reason = str(e)
+        config.log_once(("fallback", comm.comm_id), f"jax_ar: {e}; psum serves {label}")
+        return
+
+    me = jax.process_index()
+    processes = sorted({d.process_index for d in comm.mesh.devices.flat})
+    ranks_of = collections.defaultdict(list)
+    for group in comm.groups:
+        for rank, d in enumerate(group):
+            ranks_of[d.process_index].append(rank)
+
+    def describe(process):
+        ranks = sorted(set(ranks_of[process]))
+        return f"process {process} (rank{'s' if len(ranks) > 1 else ''} " \
+               f"{', '.join(map(str, ranks))} of {label})"
+
+    if me not in processes:
+        return  # owns no device of the mesh: nothing to allocate or map
+    rendezvous = Rendezvous(f"jax_ar/{comm.comm_id}", me, processes, comm.timeout_s, describe)
+    try:
+        _establish(comm, backend, rendezvous, me, label, describe, agreement)
+    except BaseException as e:
+        rendezvous.publish_failure(f"{type(e).__name__}: {e}")
+        backend.close(comm.comm_id)
+        raise
+
+
+def _establish(comm, backend, rendezvous, me, label, describe, agreement):
+    # Every process is here before any creates a named workspace: a process
+    # killed while it waits for a missing peer then leaves nothing in /dev/shm.
+    rendezvous.barrier("arrived")
+    nbytes = comm.workspace_bytes
+    local_devices = list(comm.local_ranks)
+    handles, addresses = {}, {}
+    for d in local_devices:
+        try:
+            handles[d.id], addresses[d.id] = backend.create(comm.comm_id, d, nbytes)
+        except (RuntimeError, OSError, MemoryError) as e:
+            raise JaxArError(f"jax_ar.setup: {describe(me)} could not allocate its "
+                             f"{nbytes}-byte workspace (workspace_bytes) on {d}: {e}") from e
+    info = rendezvous.all_gather("info", {
+        "fingerprint": _fingerprint(comm, agreement),
+        "host": host_identity(),
+        "handles": {str(k): v for k, v in handles.items()},
+        "hardware": {str(d.id): backend.physical_id(d) for d in local_devices},
+    })
+
+    mine = info[me]["fingerprint"]
+    for process, other in sorted(info.items()):
+        if other["fingerprint"] != mine:
+            diffs = [f"{k}: {mine.get(k)!r} here vs {other['fingerprint'].get(k)!r}"
+                     for k in sorted(set(mine) | set(other["fingerprint"]))
+                     if mine.get(k) != other["fingerprint"].get(k)]
+            raise JaxArError(
+                f"jax_ar.setup: {describe(me)} and {describe(process)} disagree on the "
+                f"configuration of {label}: {'; '.join(diffs)}. Every process must call "
+                "jax_ar.setup with the same mesh, axis and workspace_bytes, and run the same "
+                "jax_ar version.")
+
+    host_of = {p: v["host"] for p, v in info.items()}
+    spanning = [g for g in comm.groups if len({host_of[d.process_index] for d in g}) > 1]
+    if spanning:
+        comm.fallback_reason = (f"a group of {label} spans several hosts ("
+                                f"{', '.join(sorted({host_of[d.process_index] for d in spanning[0]}))})")
+        config.log_once(("fallback", comm.comm_id),
+                        f"jax_ar: {comm.fallback_reason}; psum serves it")
+        backend.close(comm.comm_id)
+        return
+
+    hardware_of = {int(k): (host_of[p], h) for p, v in info.items()
+                   for k, h in v["hardware"].items() if h is not None}
+    for group in comm.groups:
+        shared = [d for d in group if d.id in hardware_of
+                  and sum(hardware_of.get(e.id) == hardware_of[d.id] for e in group) > 1]
+        if shared:
+            comm.psum_unavailable = (f"ranks of {label} share a GPU ({shared[0]} with others), "
+                                     "where NCCL refuses to run")
+            break
+
+    handle_of = {int(k): (p, h) for p, v in info.items() for k, h in v["handles"].items()}
+    for d, rank in comm.local_ranks.items():
+        group = next(g for g in comm.groups if d in g)
+        peer_addresses = []
+        for peer in group:
+            if peer.process_index == me:
+                if peer is not d:
+                    backend.connect_local(comm.comm_id, d, peer)
+                peer_addresses.append(addresses[peer.id])
+            else:
+                peer_addresses.append(backend.open(comm.comm_id, d, handle_of[peer.id][1], nbytes))
+        backend.register(comm.comm_id, d, rank, comm.world_size, peer_addresses, nbytes,
+                         comm.timeout_s, label)
+    rendezvous.barrier("mapped")
+    backend.after_mapping(comm.comm_id)
+    comm._backend = backend
+
+    problems = rendezvous.all_gather("verified", backend.verify(comm.comm_id, local_devices))
+    reasons = sorted({r for r in problems.values() if r})
+    if reasons:
+        comm.fallback_reason = "; ".join(reasons)
+        config.log_once(("fallback", comm.comm_id),
+                        f"jax_ar: peers of {label} are not reachable ({comm.fallback_reason}); "
+                        "psum serves it")
+        backend.close(comm.comm_id)
+        comm._backend = None
+
+
+def close_all() -> list[str]:
+    """Closes every open communicator at the end of the program; returns the
+    calls that peers made and this process did not (the launcher fails a
+    rank whose script ends with any). Each close waits up to the
+    communicator's deadline for its peers to close too, so that such calls
+    are seen for certain (in a job of several processes, jax.distributed's
+    shutdown waits for every peer anyway)."""
+    skipped = []
+    for comm in open_communicators():
+        try:
+            skipped += comm._close(linger_s=comm.timeout_s)
+        except Exception:  # exit must go on; the OS reclaims what is left
+            pass
+    return skipped
+
+
+atexit.register(close_all)

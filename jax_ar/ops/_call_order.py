@@ -1,0 +1,131 @@
+"""Keeps jax_ar's calls in program order on CPU devices.
+
+XLA:CPU runs a compiled program as a dataflow graph whose edges come from
+buffer uses only (xla/backends/cpu/runtime/thunk_executor.cc; custom calls
+declare no other resource). Programs with more than 8 operations and any
+buffer over 512 bytes run concurrently: two jax_ar calls that share no data
+may start in either order, and processes do pick different orders. Peers
+then meet in different calls: an error when the calls differ in shape, and
+swapped results when they do not. (GPUs run one stream in the compiled
+order, so only CPU lowerings need this.)
+
+Within one block of the lowered program (a shard_map body, a function body,
+a loop body) each jax_ar call therefore takes its operands through
+`jax_ar_order`, a custom call that hands them on unchanged (aliased: no copy
+where XLA can avoid one) and also reads the previous jax_ar call's first
+result, so it cannot start before that call has finished. Calls in
+different blocks that share no data (two independent loops, a nested
+function) are not ordered by this; docs/multi_axis.md says so.
+
+XLA's own collectives (psum) are ordered among themselves but not with
+jax_ar's calls, so compositions of both (multi_axis.py) order their steps
+explicitly with `after(values, link)`.
+"""
+from __future__ import annotations
+
+import threading
+
+import jax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jax.interpreters.mlir import ir
+
+__all__ = ["after", "ffi_call_in_order"]
+
+_local = threading.local()
+
+
+def _links(ctx) -> dict:
+    """{block: (value, aval)} of the module being lowered (reset per module)."""
+    module = ctx.module_context.module
+    if getattr(_local, "module", None) is not module:
+        _local.module = module
+        _local.links = {}
+    return _local.links
+
+
+def _on_cpu(ctx) -> bool:
+    return tuple(ctx.module_context.platforms) == ("cpu",)
+
+
+def ffi_call_in_order(ctx, target, operands, **attributes):
+    """The lowering of a jax_ar custom call `target`: on CPU, chained after
+    the previous jax_ar call of the current block (see above)."""
+    outs = jax.ffi.ffi_lowering(target)(ctx, *after_previous_call(ctx, operands), **attributes)
+    record_call(ctx, outs[0])
+    return outs
+
+
+def after_previous_call(ctx, operands):
+    """`operands` (whose avals are ctx.avals_in), made to wait for the previous
+    jax_ar call of the current block."""
+    if not _on_cpu(ctx):
+        return list(operands)
+    previous = _links(ctx).get(ir.InsertionPoint.current.block)
+    if previous is None:
+        return list(operands)
+    link, link_aval = previous
+    avals = list(ctx.avals_in)
+    rule = jax.ffi.ffi_lowering(
+        "jax_ar_order", operand_output_aliases={i: i for i in range(len(operands))})
+    return list(rule(ctx.replace(avals_in=avals + [link_aval], avals_out=avals),
+                     *operands, link))
+
+
+def record_call(ctx, result) -> None:
+    """Marks `result` (ctx.avals_out[0]) as the link the next jax_ar call of
+    this block waits for."""
+    if _on_cpu(ctx):
+        _links(ctx)[ir.InsertionPoint.current.block] = (result, ctx.avals_out[0])
+
+
+# after(*values, link): `values`, unchanged, once `link` has been computed.
+after_p = Primitive("jax_ar_after")
+after_p.multiple_results = True
+after_p.def_abstract_eval(lambda *avals: list(avals[:-1]))
+after_p.def_impl(lambda *args: list(args[:-1]))
+
+
+def _after_lowering(ctx, *args):
+    *values, link = args
+    if not _on_cpu(ctx):
+        return values  # one stream keeps the compiled order
+    rule = jax.ffi.ffi_lowering(
+        "jax_ar_order", operand_output_aliases={i: i for i in range(len(values))})
+    return rule(ctx, *values, link)
+
+
+mlir.register_lowering(after_p, _after_lowering, cacheable=False)
+
+
+def _after_jvp(primals, tangents):
+    *values, link = primals
+    tangents = [ad.instantiate_zeros(t) for t in tangents[:-1]]
+    return after_p.bind(*values, link), after_p.bind(*tangents, link)
+
+
+ad.primitive_jvps[after_p] = _after_jvp
+
+
+def _after_transpose(cts, *args):
+    link = args[-1]
+    link_ct = ad.Zero(link.aval) if ad.is_undefined_primal(link) else None
+    return [ad.instantiate_zeros(ct) for ct in cts] + [link_ct]
+
+
+ad.primitive_transposes[after_p] = _after_transpose
+
+
+def _after_batch(args, dims):
+    return after_p.bind(*args), list(dims[:-1])
+
+
+batching.primitive_batchers[after_p] = _after_batch
+
+
+def after(values, link):
+    """`values` (a list of arrays), unchanged, computed no earlier than `link`
+    on CPU devices (no-op elsewhere)."""
+    if not values:
+        return []
+    return list(after_p.bind(*values, link))

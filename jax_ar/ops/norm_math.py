@@ -1,0 +1,63 @@
+"""The arithmetic of jax_ar's norms in jnp: the reference the kernels
+follow (and the path shapes the kernels do not take), the tangent of the
+norm, and the FP8 output. The tools' XLA baselines use it too.
+
+Math (float32 inside, one rounding per output): v = f32(x); with a residual,
+residual_out = round(v + f32(residual)) and v = f32(residual_out); out =
+round(v * rsqrt(mean(v * v, -1) + eps) * f32(gamma)).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["FP8_DTYPE", "FP8_MAX", "norm_tangent", "normalize", "quantize_fp8", "reference"]
+
+FP8_DTYPE = np.dtype(jnp.float8_e4m3fn)
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def normalize(v, eps):
+    """(v * rsqrt(mean(v * v, -1) + eps), the inverse RMS) for float32 rows v.
+
+    A row whose largest magnitude is above 2^50 would overflow v * v in
+    float32 (the kernels sum squares in float64 and never do): it is scaled
+    by a power of two s first, which changes no bit of the quotient:
+    (v s) rsqrt(mean((v s)^2) + eps s^2) = v rsqrt(mean(v^2) + eps). Other
+    rows take the plain formula."""
+    largest = jnp.max(jnp.abs(v), axis=-1, keepdims=True)
+    exponent = jnp.where(jnp.isfinite(largest) & (largest > 2.0**50),
+                         jnp.frexp(largest)[1] - 2, 0)
+    scale = jnp.ldexp(jnp.ones_like(largest), -exponent)  # >= 2^-126: no subnormal
+    w = v * scale
+    r = jax.lax.rsqrt(jnp.mean(w * w, axis=-1, keepdims=True) + jnp.float32(eps) * scale * scale)
+    return w * r, r * scale
+
+
+def reference(x, gamma, eps, residual=None):
+    """The jnp form of the kernels' arithmetic (also the general path):
+    [out] or [out, residual_out]."""
+    v = x.astype(jnp.float32)
+    outs = []
+    if residual is not None:
+        residual_out = (v + residual.astype(jnp.float32)).astype(x.dtype)
+        v = residual_out.astype(jnp.float32)
+        outs.append(residual_out)
+    normalized, _ = normalize(v, eps)
+    out = (normalized * gamma.astype(jnp.float32)).astype(x.dtype)
+    return [out] + outs
+
+
+def norm_tangent(v, gamma, dv, dgamma, eps):
+    """Tangent of v * rsqrt(mean(v^2) + eps) * gamma (all float32), linear in
+    (dv, dgamma): with n = v * r, dr = -r * mean(n * dv) * r."""
+    normalized, inv_rms = normalize(v, eps)
+    dnormalized = (dv - normalized * jnp.mean(normalized * dv, axis=-1, keepdims=True)) * inv_rms
+    return dnormalized * gamma + normalized * dgamma
+
+
+def quantize_fp8(y, scale):
+    """float8_e4m3fn(saturate(y / scale)); NaN stays NaN (clip keeps it)."""
+    return jnp.clip(y / scale, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)

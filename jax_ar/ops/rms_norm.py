@@ -1,0 +1,244 @@
+"""The rms_norm primitives: fused (residual add +) RMSNorm with a CPU and a CUDA kernel.
+
+Two primitives:
+
+* `rms_norm_p` is what the public function binds. It carries the rules that
+  act on whole arrays: abstract eval, batching, differentiation (a JVP whose
+  tangent is plain jnp, so reverse mode comes from JAX's transposition) and
+  the sharding rule. Its lowering is a `custom_partitioning` call: in plain
+  jit on sharded arrays the leading (row) dimensions keep their sharding and
+  the last (hidden) dimension is gathered; inside shard_map, where every
+  axis is manual, it lowers straight to the kernel.
+* `_kernel_p` is one kernel call on local data: the FFI targets
+  `jax_ar_rms_norm` (x, gamma -> out) and `jax_ar_add_rms_norm` (x, residual,
+  gamma -> out, residual_out), attribute eps:f32. Shapes the CUDA kernel does
+  not serve (or a build without the CUDA module) lower to the same math in
+  jnp instead.
+
+The arithmetic is norm_math.py's.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .. import _compat, _native, config
+from .norm_math import norm_tangent, reference
+
+__all__ = ["SUPPORTED_DTYPES", "module_serves", "rms_norm_p"]
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
+
+# The CUDA kernel loads 16-byte vectors and keeps a row in registers, at most
+# 4 vectors per thread for 1024 threads (cuda/gpu/rms_norm.h kMaxRowVectors).
+_CUDA_VECTOR_BYTES = 16
+_CUDA_MAX_ROW_VECTORS = 4096
+
+# Operands: (x, gamma) or (x, residual, gamma) -- the FFI targets' order.
+# Results: [out] or [out, residual_out]. Param: eps (float).
+rms_norm_p = Primitive("jax_ar_rms_norm")
+rms_norm_p.multiple_results = True
+_kernel_p = Primitive("jax_ar_rms_norm_kernel")
+_kernel_p.multiple_results = True
+
+
+def _abstract_eval(*avals, eps):
+    del eps
+    # Elementwise over rows: the results vary over every axis an operand does.
+    varying = frozenset().union(*(_compat.varying_axes(a) for a in avals))
+    out = _compat.with_varying_axes(avals[0].update(weak_type=False), varying)
+    return [out] * (2 if len(avals) == 3 else 1)
+
+
+rms_norm_p.def_abstract_eval(_abstract_eval)
+_kernel_p.def_abstract_eval(_abstract_eval)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_bind(eps):
+    return jax.jit(functools.partial(rms_norm_p.bind, eps=eps))
+
+
+rms_norm_p.def_impl(lambda *args, eps: _jitted_bind(eps)(*args))
+
+
+def _reference_from_operands(*args, eps):
+    x, gamma = args[0], args[-1]
+    return reference(x, gamma, eps, args[1] if len(args) == 3 else None)
+
+
+# ----------------------------------------------------------------------------
+# Kernel lowering, per platform.
+
+def _target(num_operands) -> str:
+    return "jax_ar_add_rms_norm" if num_operands == 3 else "jax_ar_rms_norm"
+
+
+def _cuda_serves(aval) -> str | None:
+    """Why the CUDA kernel cannot serve rows like `aval`'s, or None."""
+    itemsize = np.dtype(aval.dtype).itemsize
+    hidden = aval.shape[-1]
+    vector = _CUDA_VECTOR_BYTES // itemsize
+    if hidden % vector or not 0 < hidden // vector <= _CUDA_MAX_ROW_VECTORS:
+        return (f"hidden size {hidden} is not a multiple of {vector} up to "
+                f"{vector * _CUDA_MAX_ROW_VECTORS} for {aval.dtype}")
+    return None
+
+
+def module_serves(platform, target) -> str | None:
+    """Why the compiled module of `platform` cannot run `target`, or None."""
+    try:
+        targets = _registered_targets(platform)
+    except RuntimeError as e:
+        return str(e)
+    if target not in targets:
+        return f"this build's {platform} module has no FFI target {target}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _registered_targets(platform) -> frozenset:
+    """FFI targets of `platform`'s module, registered with XLA on first use."""
+    return frozenset(_native.backend_module(platform).registrations())
+
+
+def _kernel_lowering(platform):
+    def rule(ctx, *args, eps):
+        target = _target(len(args))
+        reason = module_serves(platform, target)
+        if reason is None and platform == "gpu":
+            reason = _cuda_serves(ctx.avals_in[0])
+        if reason is not None:
+            config.log_once(("rms_norm", platform, reason),
+                            f"jax_ar: rms_norm lowers to XLA's own ops on {platform}: {reason}")
+            return mlir.lower_fun(_reference_from_operands, multiple_results=True)(
+                ctx, *args, eps=eps)
+        return jax.ffi.ffi_lowering(target)(ctx, *args, eps=np.float32(eps))
+    return rule
+
+
+mlir.register_lowering(_kernel_p, mlir.lower_fun(_reference_from_operands, multiple_results=True))
+mlir.register_lowering(_kernel_p, _kernel_lowering("cpu"), platform="cpu")
+mlir.register_lowering(_kernel_p, _kernel_lowering("gpu"), platform="cuda")
+
+
+# ----------------------------------------------------------------------------
+# Sharding: rows keep their sharding, the hidden dimension is gathered.
+
+def _row_sharding(sharding, ndim):
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    return NamedSharding(sharding.mesh, P(*spec[:ndim - 1], None))
+
+
+def _shardings(mesh, arg_shapes):
+    x = arg_shapes[0]
+    if isinstance(x.sharding, NamedSharding):
+        rows = _row_sharding(x.sharding, len(x.shape))
+    else:  # no mesh to name axes with: compute replicated
+        rows = NamedSharding(mesh, P())
+    gamma = NamedSharding(rows.mesh, P())
+    args = (rows,) * (len(arg_shapes) - 1) + (gamma,)
+    outs = (rows,) * (2 if len(arg_shapes) == 3 else 1)
+    return args, outs
+
+
+def _partition(eps, mesh, arg_shapes, result_shape):
+    del result_shape
+    arg_shardings, out_shardings = _shardings(mesh, arg_shapes)
+
+    def lower_fn(*args):
+        return tuple(_kernel_p.bind(*args, eps=eps))
+
+    return mesh, lower_fn, out_shardings, arg_shardings
+
+
+def _infer_sharding(eps, mesh, arg_shapes, result_shape):
+    del eps, result_shape
+    return _shardings(mesh, arg_shapes)[1]
+
+
+def _kernel_call(eps, *args):
+    return tuple(_kernel_p.bind(*args, eps=eps))
+
+
+def _norm_call(eps, x, gamma):
+    return _kernel_call(eps, x, gamma)
+
+
+def _add_norm_call(eps, x, residual, gamma):
+    return _kernel_call(eps, x, residual, gamma)
+
+
+_partitioned = {}
+for _fn, _rule in ((_norm_call, "... h, h -> ... h"),
+                   (_add_norm_call, "... h, ... h, h -> ... h, ... h")):
+    _cp = custom_partitioning(_fn, static_argnums=(0,))
+    _cp.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
+                      sharding_rule=_rule, need_replication_factors=("h",))
+    _partitioned[_fn.__code__.co_argcount - 1] = _cp
+
+
+def _lowering(ctx, *args, eps):
+    call = _partitioned[len(args)]
+    return mlir.lower_fun(lambda *a: list(call(eps, *a)), multiple_results=True)(ctx, *args)
+
+
+# custom_partitioning reads the device assignment while lowering: jit must
+# provide it, and a cached (device-independent) lowering would not see it.
+mlir.register_lowering(rms_norm_p, _lowering, cacheable=False)
+_compat.requires_devices_during_lowering(rms_norm_p)
+
+
+# ----------------------------------------------------------------------------
+# Batching and differentiation.
+
+def _batch(args, dims, *, eps):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [jnp.moveaxis(a, d, 0) if d is not None else None for a, d in zip(args, dims)]
+    if dims[-1] is not None:
+        # A batch of gammas: rows no longer share one gamma; XLA's own ops
+        # serve it, gamma broadcast over each batch member's rows.
+        x = moved[0] if moved[0] is not None else jnp.broadcast_to(args[0], (size,) + args[0].shape)
+        gamma = moved[-1].reshape((size,) + (1,) * (x.ndim - 2) + moved[-1].shape[-1:])
+        residual = None
+        if len(args) == 3:
+            residual = moved[1] if moved[1] is not None else args[1]
+        return reference(x, gamma, eps, residual), [0] * (len(args) - 1)
+    # Rows are independent: the batch dimension becomes one more leading dim.
+    operands = [m if m is not None else jnp.broadcast_to(a, (size,) + a.shape)
+                for a, m in zip(args[:-1], moved[:-1])]
+    return rms_norm_p.bind(*operands, args[-1], eps=eps), [0] * (len(args) - 1)
+
+
+batching.primitive_batchers[rms_norm_p] = _batch
+
+
+def _jvp(primals, tangents, *, eps):
+    outs = rms_norm_p.bind(*primals, eps=eps)
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    x, gamma = primals[0], primals[-1]
+    f32 = jnp.float32
+    dv = tangents[0].astype(f32)
+    if len(primals) == 3:
+        dv = dv + tangents[1].astype(f32)
+        v = outs[1].astype(f32)  # the norm reads the stored residual stream
+    else:
+        v = x.astype(f32)
+    dout = norm_tangent(v, gamma.astype(f32), dv, tangents[-1].astype(f32), eps)
+    out_tangents = [dout.astype(x.dtype)]
+    if len(primals) == 3:
+        out_tangents.append(dv.astype(x.dtype))
+    return outs, out_tangents
+
+
+ad.primitive_jvps[rms_norm_p] = _jvp
+
+

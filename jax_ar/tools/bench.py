@@ -1,0 +1,276 @@
+"""python -m jax_ar bench: an nccl-tests style sweep of jax_ar.all_reduce vs psum.
+
+Starts N ranks through the launcher (GPUs when nvidia-smi lists any, else
+CPU devices), times every algorithm at every size with timing.py's method,
+checks every result against a host reference (#wrong must be 0), prints a
+table, and writes bench.json and bench.png to --out-dir.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+
+from . import sweep
+from .bench_data import DTYPES
+from .timing import typical_spread
+
+__all__ = ["main"]
+
+ALL_REDUCE_ALGORITHMS = ("oneshot", "twoshot", "psum", "auto", "xla_oneshot")
+RMS_NORM_VARIANTS = ("fused", "all_reduce+norm", "psum+norm")
+OPS = ("sum", "avg", "max", "min")
+
+MAX_BYTES = {"cpu": "1M", "gpu": "256M"}  # CPU: the default run takes well under a minute
+
+
+def build_parser(prog="python -m jax_ar bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Sweep message sizes and time jax_ar.all_reduce's algorithms "
+        "against psum (nccl-tests style). Runs on GPUs when nvidia-smi lists any, else on "
+        "CPU devices.")
+    sweep.add_common_options(p, "largest message (default 256M on GPU, 1M on CPU)")
+    p.add_argument("-f", "--step-factor", type=int, default=2, help="size multiplier (default 2)")
+    p.add_argument("-d", "--dtype", default="float32",
+                   help=f"comma-separated, or 'all': {', '.join(DTYPES)} (default float32)")
+    p.add_argument("-o", "--op", default="sum",
+                   help="comma-separated sum,avg,max,min or 'all'; or rms_norm to time the "
+                        "fused all_reduce_rms_norm against all_reduce + norm and psum + norm")
+    p.add_argument("-a", "--algorithms", default=None,
+                   help=f"comma-separated from {', '.join(ALL_REDUCE_ALGORITHMS)} "
+                        "(default oneshot,twoshot,psum); auto is what algorithm='auto' picks; "
+                        "xla_oneshot is psum compiled with XLA's one-shot kernel (GPU)")
+    p.add_argument("--xla-oneshot", action="store_true",
+                   help="also time xla_oneshot (GPU only)")
+    p.add_argument("--hidden", type=int, default=4096,
+                   help="hidden size of rms_norm messages (default 4096)")
+    p.add_argument("--eps", type=float, default=1e-6, help="rms_norm epsilon")
+    p.add_argument("--out-dir", default="bench_results",
+                   help="where bench.json and bench.png go (default ./bench_results)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _split(text: str, allowed, what: str) -> list[str]:
+    items = list(allowed) if text == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise ValueError(f"--{what}: {', '.join(bad) or 'nothing'} not in {', '.join(allowed)}")
+    return items
+
+
+def plan(ns, platform: str, gpus: int) -> dict:
+    """Checks the options; returns the sweep's config (cases included)."""
+    ranks = sweep.default_ranks(ns, platform, gpus)
+    min_bytes = sweep.parse_size(ns.min_bytes)
+    max_bytes = sweep.parse_size(ns.max_bytes or MAX_BYTES[platform])
+    sizes = sweep.size_list(min_bytes, max_bytes, ns.step_factor)
+    dtypes = _split(ns.dtype, DTYPES, "dtype")
+    rms_norm = ns.op == "rms_norm"
+    if rms_norm:
+        ops = ["rms_norm"]
+        if ns.algorithms:
+            algorithms = _split(ns.algorithms, RMS_NORM_VARIANTS, "algorithms")
+        else:
+            algorithms = list(RMS_NORM_VARIANTS)
+        bad = [d for d in dtypes if d == "int32"]
+        if bad:
+            raise ValueError("--op rms_norm needs floating-point dtypes")
+    else:
+        ops = _split(ns.op, OPS, "op")
+        algorithms = _split(ns.algorithms or "oneshot,twoshot,psum", ALL_REDUCE_ALGORITHMS,
+                            "algorithms")
+        if ns.xla_oneshot and "xla_oneshot" not in algorithms:
+            algorithms.append("xla_oneshot")
+    unavailable = {}
+    shared = sweep.shared_gpu_reason(platform, ranks, gpus)
+    if shared:
+        unavailable.update({name: shared for name in ("psum", "xla_oneshot", "psum+norm")})
+    if platform != "gpu":
+        unavailable["xla_oneshot"] = "n/a: XLA's one-shot kernel is GPU only"
+
+    cases = []
+    for dtype in dtypes:
+        itemsize = DTYPES[dtype].itemsize
+        for op in ops:
+            for size in sizes:
+                count = size // itemsize
+                if count == 0:
+                    continue
+                case = {"dtype": dtype, "op": op, "count": count, "bytes": count * itemsize}
+                if rms_norm:
+                    hidden = min(ns.hidden, count)
+                    tokens = count // hidden
+                    case.update(hidden=hidden, tokens=tokens, count=tokens * hidden,
+                                bytes=tokens * hidden * itemsize)
+                for algorithm in algorithms:
+                    cases.append(dict(case, algorithm=algorithm))
+    if not cases:
+        raise ValueError("no message size holds a single element of the chosen dtypes")
+    return dict(sweep.common_config(ns, platform), ranks=ranks, cases=cases,
+                unavailable=unavailable, eps=ns.eps, seed=ns.seed)
+
+
+def add_speedups(results: list[dict]) -> None:
+    """speedup_vs_psum = psum's time / this time, per (dtype, op, size); the
+    baseline is psum+norm in rms_norm mode."""
+    baseline = {}
+    for r in results:
+        if r["algorithm"] in ("psum", "psum+norm") and r["time_us"]:
+            baseline[(r["dtype"], r["op"], r["bytes"])] = r["time_us"]
+    for r in results:
+        base = baseline.get((r["dtype"], r["op"], r["bytes"]))
+        r["speedup_vs_psum"] = base / r["time_us"] if base and r["time_us"] else None
+
+
+def add_bandwidths(results: list[dict], world: int) -> None:
+    """nccl-tests' definitions: algbw = bytes / time; busbw = algbw * 2(n-1)/n."""
+    for r in results:
+        if r["time_us"]:
+            r["algbw_gbps"] = r["bytes"] / (r["time_us"] * 1e3)
+            r["busbw_gbps"] = r["algbw_gbps"] * 2 * (world - 1) / world
+        else:
+            r["algbw_gbps"] = r["busbw_gbps"] = None
+
+
+def selector_picks(machine: dict, results: list[dict]) -> tuple[dict, str]:
+    """{bytes: algorithm} that algorithm='auto' picks with the table this
+    machine would use, and the table's source (or why none could be read)."""
+    from .. import selection
+
+    try:
+        table = selection.table_for(machine["platform"], machine["device_kind"],
+                                    machine["world_size"])
+    except selection.TableError as e:
+        return {}, f"none ({e})"
+    capacity = machine["capacity_bytes"]
+    picks = {}
+    for r in results:
+        predicted = selection.predict_all(table, r["bytes"], lambda a: capacity[a])
+        picks[r["bytes"]] = min(selection.CANDIDATES, key=lambda a: predicted[a])
+    return picks, table.source
+
+
+def describe_machine(machine: dict, ranks: int, gpus: int) -> str:
+    if machine["platform"] == "gpu":
+        if ranks > gpus:
+            where = (f"{ranks} ranks sharing {gpus} {machine['device_kind']} under CUDA MPS "
+                     "(per-call overhead and correctness only; says nothing about NVLink)")
+        else:
+            where = f"{ranks} ranks on {ranks} x {machine['device_kind']}"
+    else:
+        where = (f"{ranks} ranks as processes with 1 CPU device each on {machine['cpu']} "
+                 f"({machine['cpu_count']} cores)")
+    return (f"{where}, host {machine['host']}; jax {machine['jax']}, jax_ar {machine['jax_ar']}, "
+            f"workspace {sweep.format_size(machine['workspace_bytes'])}B")
+
+
+def format_table(doc: dict) -> str:
+    machine, results, method = doc["machine"], doc["results"], doc["method"]
+    lines = [
+        f"# jax_ar bench {doc['date']}",
+        f"# machine: {describe_machine(machine, doc['ranks'], doc['gpus'])}",
+        f"# method: {method['iters']} calls chained per program (fewer where exact data "
+        f"need it: 'chain' in the JSON), >= {method['launches']} launches and >= "
+        f"{method['min_sample_s'] * 1e3:g} ms per sample, median of {method['repeats']} samples "
+        f"after {method['warmup']} warm-up launches; time = slowest rank's median",
+        f"# busbw = algbw * 2(n-1)/n; vs_psum = psum time / time; * = what algorithm='auto' "
+        f"picks (table: {doc['selection']['table']})",
+        "#",
+        f"# {'size':>10} {'count':>10} {'type':>9} {'op':>8} {'algorithm':>16} "
+        f"{'time_us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7} {'vs_psum':>8}",
+    ]
+    picks = doc["selection"]["picks"]
+    previous = None
+    for r in results:
+        group = (r["dtype"], r["op"], r["bytes"])
+        if previous is not None and group[:2] != previous[:2]:
+            lines.append("#")
+        previous = group
+        name = r["algorithm"] + ("*" if picks.get(str(r["bytes"])) == r["algorithm"] else "")
+        head = (f"  {r['bytes']:>10} {r['count']:>10} {r['dtype']:>9} {r['op']:>8} "
+                f"{name:>16}")
+        if r["status"] != "ok":
+            lines.append(f"{head} {r['status']}")
+            continue
+        speedup = f"{r['speedup_vs_psum']:.2f}x" if r["speedup_vs_psum"] else "-"
+        lines.append(f"{head} {r['time_us']:>10.1f} {r['algbw_gbps']:>8.3f} "
+                     f"{r['busbw_gbps']:>8.3f} {r['wrong']:>7} {speedup:>8}")
+    wrong = sum(r["wrong"] for r in results)
+    timed = sum(1 for r in results if r["status"] == "ok")
+    lines.append(f"# {timed} cases timed, {len(results) - timed} not available, "
+                 f"{wrong} wrong elements in total")
+    spread = typical_spread(results)
+    load = machine.get("load_average")
+    lines.append(f"# samples spread {spread:.0%} around their medians (typical case)"
+                 + (f"; load average {load[0]:g} at the end on {machine['cpu_count']} cores"
+                    if load else ""))
+    if spread > sweep.NOISY_SPREAD:
+        lines.append("# WARNING: noisy timings: the machine is busy; compare with care")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        platform, gpus = sweep.resolve_platform(ns.platform)
+        config = plan(ns, platform, gpus)
+    except (ValueError, sweep.SweepError) as e:
+        parser.error(str(e))
+    ranks = config.pop("ranks")
+    print(f"jax_ar bench: {len(config['cases'])} cases on {ranks} {platform.upper()} ranks ...",
+          file=sys.stderr, flush=True)
+    try:
+        raw = sweep.run_sweep(config, ranks, platform, ns.timeout)
+    except sweep.SweepError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    results, machine = raw["results"], raw["machine"]
+    add_bandwidths(results, machine["world_size"])
+    add_speedups(results)
+    picks, source = selector_picks(machine, results)
+    doc = {
+        "schema": "jax_ar.bench",
+        "schema_version": 1,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": "python -m jax_ar bench " + " ".join(shlex.quote(a) for a in (argv or [])),
+        "ranks": ranks,
+        "gpus": gpus,
+        "machine": machine,
+        "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
+                                           "warmup")},
+        "selection": {"table": source, "picks": {str(k): v for k, v in picks.items()}},
+        "elapsed_s": raw["elapsed_s"],
+        "results": results,
+    }
+    print(format_table(doc))
+    os.makedirs(ns.out_dir, exist_ok=True)
+    json_path = os.path.join(ns.out_dir, "bench.json")
+    with open(json_path, "w") as f:
+        json.dump(doc, f, indent=1)
+    written = [json_path]
+    if not ns.no_plot:
+        from . import plot
+
+        png_path = os.path.join(ns.out_dir, "bench.png")
+        try:
+            plot.plot(doc, png_path)
+            written.append(png_path)
+        except ImportError:
+            print("jax_ar bench: matplotlib is not installed; no plot "
+                  "(pip install matplotlib, or jax_ar[bench])", file=sys.stderr)
+    print(f"# wrote {', '.join(written)}")
+    wrong = sum(r["wrong"] for r in results)
+    if wrong:
+        print(f"jax_ar bench: FAILED: {wrong} elements differ from the host reference",
+              file=sys.stderr)
+        return 1
+    if not any(r["status"] == "ok" for r in results):
+        print("jax_ar bench: FAILED: no case could run here (see the table)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,253 @@
+"""One rank of `python -m jax_ar bench` / `tune`, started by the launcher.
+
+Usage (by bench.py/tune.py): bench_rank.py CONFIG.json. Every rank runs the
+same cases in the same order; rank 0 prints progress lines ("@@progress i N
+what") and writes the combined results to config["out"]. Each result is the
+slowest rank's median time per call and the sum over ranks of elements that
+differ from the host reference.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# The launcher's bootstrap puts the script's folder first on sys.path; here
+# that is the jax_ar package itself, whose module names (config, flax, ...)
+# must not shadow top-level packages.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import json  # noqa: E402
+import platform as host_platform  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jax_ar  # noqa: E402
+from jax_ar.tools import bench_data as data  # noqa: E402
+from jax_ar.tools.baselines import lax_reduce, xla_rms_norm  # noqa: E402
+from jax_ar.tools.timing import (calibrate, chained, count_collectives, gather,  # noqa: E402
+                                 launches_for, measure)
+
+
+AXIS = "tp"
+XLA_ONESHOT_OPTION = "xla_gpu_unsupported_use_all_reduce_one_shot_kernel"
+
+
+def _global_input(mesh, shape_per_rank, make_rank_values):
+    """The array whose rank-r block along dim 0 is make_rank_values(r)."""
+    world = mesh.devices.size
+    shape = (shape_per_rank[0] * world,) + tuple(shape_per_rank[1:])
+    position = {d: r for r, d in enumerate(mesh.devices.flat)}
+    arrays = [jax.device_put(make_rank_values(position[d]).reshape(shape_per_rank), d)
+              for d in mesh.local_devices]
+    return jax.make_array_from_single_device_arrays(shape, NamedSharding(mesh, P(AXIS)), arrays)
+
+
+def _replicated(mesh, value):
+    return jax.make_array_from_callback(value.shape, NamedSharding(mesh, P()),
+                                        lambda index: value[index])
+
+
+def _local(y) -> np.ndarray:
+    return np.asarray(y.addressable_shards[0].data)
+
+
+class Runner:
+    def __init__(self, config):
+        self.config = config
+        self.mesh = jax.make_mesh((jax.device_count(),), (AXIS,))
+        self.world = self.mesh.devices.size
+        self.comm = jax_ar.setup(self.mesh, AXIS, workspace_bytes=config.get("workspace_bytes"))
+        self.device_kind = self.mesh.devices.flat[0].device_kind
+        self.unavailable = dict(config.get("unavailable", {}))
+        if not self.comm.serves_calls:
+            reason = f"n/a: jax_ar falls back to psum here ({self.comm.fallback_reason})"
+            for name in ("oneshot", "twoshot", "auto", "fused", "all_reduce+norm"):
+                self.unavailable.setdefault(name, reason)
+
+    # --- programs -----------------------------------------------------------
+    def _all_reduce_step(self, algorithm, op):
+        if algorithm in ("psum", "xla_oneshot"):
+            return lambda x: (lax_reduce(x, AXIS, op),)
+        return lambda x: (jax_ar.all_reduce(x, AXIS, op=op, algorithm=algorithm),)
+
+    def _rms_norm_step(self, variant, eps):
+        def norm(residual_out, gamma):
+            return xla_rms_norm(residual_out, gamma, eps)[0]
+
+        if variant == "fused":
+            def step(x, residual, gamma):
+                out, residual_out = jax_ar.all_reduce_rms_norm(x, residual, gamma, AXIS, eps=eps)
+                return out, residual_out, gamma
+        else:
+            reduce = (lambda x: jax.lax.psum(x, AXIS)) if variant == "psum+norm" else \
+                     (lambda x: jax_ar.all_reduce(x, AXIS))
+
+            def step(x, residual, gamma):
+                residual_out = reduce(x) + residual
+                return norm(residual_out, gamma), residual_out, gamma
+        return step
+
+    def _compile(self, program, args, algorithm, chain):
+        lowered = program.lower(*args)
+        if algorithm == "xla_oneshot":
+            compiled = lowered.compile({XLA_ONESHOT_OPTION: True})
+        else:
+            compiled = lowered.compile()
+        found = count_collectives(compiled.as_text())
+        if found < chain:
+            raise RuntimeError(
+                f"jax_ar bench: XLA kept {found} of the {chain} chained collectives of "
+                f"{algorithm}; the timing would be wrong, so nothing was timed")
+        return compiled
+
+    # --- cases ----------------------------------------------------------------
+    def run_case(self, case):
+        """Times one case; case["at_capacity"] = an algorithm sizes the
+        message to one round of that algorithm's workspace."""
+        cfg = self.config
+        algorithm = case["algorithm"]
+        result = dict(case, chain=0, time_us=None, samples=[], wrong=0, status="ok")
+        result.pop("at_capacity", None)
+        reason = self.unavailable.get(algorithm)
+        if reason:
+            result["status"] = reason
+            return result
+        if case.get("at_capacity"):  # exactly what one workspace round carries
+            itemsize = data.DTYPES[case["dtype"]].itemsize
+            count = self.comm.capacity_bytes(case["at_capacity"]) // itemsize
+            result.update(count=count, bytes=count * itemsize)
+        program, args, chain, check = self._prepare(result)
+        try:
+            compiled = self._compile(program, args, algorithm, chain)
+        except Exception as e:
+            if algorithm not in ("psum", "xla_oneshot"):
+                raise
+            # XLA's own collectives may be unavailable here (an unknown
+            # option, no collectives implementation): report, do not fail.
+            result["status"] = f"n/a: {str(e).splitlines()[0][:160]}"
+            return result
+        run = lambda: compiled(*args)  # noqa: E731
+        # Every rank must launch equally often: agree on the slowest rank's launch time.
+        launch_s = max(gather(cfg["run_id"], f"calibrate/{case['index']}",
+                              calibrate(run, cfg["warmup"]), cfg.get("gather_timeout_s", 300)))
+        launches = launches_for(launch_s, cfg["launches"], cfg["min_sample_s"])
+        median, samples, out = measure(run, chain, launches, cfg["repeats"])
+        result.update(chain=chain, launches=launches, time_us=median, samples=samples,
+                      wrong=check(out))
+        return result
+
+    def _prepare(self, case):
+        """(program, its arguments, chain length, check(outputs) -> #wrong)."""
+        cfg, dtype_name, count = self.config, case["dtype"], case["count"]
+        if case["op"] == "rms_norm":
+            tokens, hidden, chain = case["tokens"], case["hidden"], cfg["iters"]
+            step = self._rms_norm_step(case["algorithm"], cfg["eps"])
+            inputs = [data.rms_norm_inputs(dtype_name, tokens, hidden, r, self.world, cfg["seed"])
+                      for r in range(self.world)]
+            x, residual, gamma = inputs[0]
+            args = (_global_input(self.mesh, (tokens, hidden), lambda r: inputs[r][0]),
+                    _replicated(self.mesh, residual), _replicated(self.mesh, gamma))
+
+            def check(out):
+                want_out, want_res = data.rms_norm_reference(
+                    [inp[0] for inp in inputs], residual, gamma, cfg["eps"], chain)
+                return (data.rms_norm_wrong(_local(out[0]), want_out)
+                        + data.rms_norm_wrong(_local(out[1]), want_res))
+
+            return chained(step, self.mesh, AXIS, chain, n_args=3), args, chain, check
+        op = case["op"]
+        chain = data.chain_length(op, dtype_name, self.world, cfg["iters"])
+        step = self._all_reduce_step(case["algorithm"], op)
+        x = _global_input(self.mesh, (count,), lambda r: data.rank_values(
+            dtype_name, count, r, self.world, cfg["seed"]))
+
+        def check(out):
+            want = data.reference(op, dtype_name, count, self.world, chain, cfg["seed"])
+            return data.count_wrong(_local(out[0]), want)
+
+        return chained(step, self.mesh, AXIS, chain), (x,), chain, check
+
+    def machine(self):
+        info = {
+            "platform": self.comm.platform,
+            "device_kind": self.device_kind,
+            "world_size": self.world,
+            "processes": jax.process_count(),
+            "devices": [str(d) for d in self.mesh.devices.flat],
+            "jax": jax.__version__,
+            "jax_ar": jax_ar.__version__,
+            "workspace_bytes": self.comm.workspace_bytes,
+            "capacity_bytes": {a: self.comm.capacity_bytes(a) for a in ("oneshot", "twoshot")},
+            "serves_calls": self.comm.serves_calls,
+            "fallback_reason": self.comm.fallback_reason,
+            "host": host_platform.node(),
+            "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "load_average": _load_average(),
+            "python": host_platform.python_version(),
+        }
+        return info
+
+
+def _load_average():
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return host_platform.processor() or host_platform.machine()
+
+
+def main(argv) -> None:
+    with open(argv[0]) as f:
+        config = json.load(f)
+    runner = Runner(config)
+    leader = jax.process_index() == 0
+    cases = config["cases"]
+    results = []
+    start = time.monotonic()
+    for i, case in enumerate(cases):
+        if leader:
+            size = f"{case['at_capacity']}-round" if case.get("at_capacity") else case["bytes"]
+            print(f"@@progress {i} {len(cases)} {size} {case['dtype']} {case['op']} "
+                  f"{case['algorithm']}", flush=True)
+        results.append(runner.run_case(dict(case, index=i)))
+    if leader:
+        print(f"@@progress {len(cases)} {len(cases)} done", flush=True)
+    mine = [[r["time_us"], r["wrong"]] for r in results]
+    everyone = gather(config["run_id"], "results", mine, config.get("gather_timeout_s", 300))
+    for i, r in enumerate(results):
+        times = [per_rank[i][0] for per_rank in everyone]
+        r["time_us_ranks"] = times
+        r["time_us"] = max(times) if r["status"] == "ok" else None
+        r["wrong"] = sum(per_rank[i][1] for per_rank in everyone)
+    if leader:
+        doc = {"machine": runner.machine(), "results": results,
+               "elapsed_s": time.monotonic() - start}
+        tmp = config["out"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, config["out"])
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.exit(1)

@@ -1,0 +1,225 @@
+"""Runs a list of timing cases in N ranks through the launcher (bench and tune).
+
+The ranks run bench_rank.py; this process shows rank 0's progress on
+stderr while they work, and returns what rank 0 wrote.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from . import launch
+
+__all__ = ["SweepError", "add_common_options", "common_config", "default_ranks", "format_size",
+           "mps_running", "parse_size", "resolve_platform", "run_sweep", "shared_gpu_reason",
+           "size_list"]
+
+RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_rank.py")
+
+
+# Timing defaults per platform. On CPU a sample must last long enough that
+# the OS scheduler's noise averages out; on GPU the device is quiet.
+TIMING_DEFAULTS = {
+    "cpu": {"iters": 10, "launches": 2, "repeats": 5, "warmup": 1, "min_sample_ms": 10.0},
+    "gpu": {"iters": 20, "launches": 4, "repeats": 10, "warmup": 2, "min_sample_ms": 2.0},
+}
+
+
+NOISY_SPREAD = 0.25  # typical sample spread above which results are flagged as disturbed
+
+
+class SweepError(RuntimeError):
+    pass
+
+
+def add_common_options(p, max_bytes_help: str) -> None:
+    """Options bench and tune share: ranks, platform, sizes, timing, workspace."""
+    p.add_argument("-n", "--ranks", type=int, default=None,
+                   help="number of ranks (default: the number of GPUs, at least 2; 2 on CPU)")
+    p.add_argument("--platform", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="auto: GPUs when nvidia-smi lists any, else CPU devices")
+    p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
+    p.add_argument("-e", "--max-bytes", default=None, help=max_bytes_help)
+    p.add_argument("--iters", type=int, default=None,
+                   help="calls chained in one timed program (default 20 on GPU, 10 on CPU)")
+    p.add_argument("--launches", type=int, default=None,
+                   help="least program launches per timing sample (default 4 on GPU, 2 on CPU)")
+    p.add_argument("--min-sample-ms", type=float, default=None,
+                   help="more launches per sample until one lasts this long (default 2 on "
+                        "GPU, 10 on CPU)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timing samples; the median is reported (default 10 on GPU, 5 on CPU)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed launches before the samples (default 2 on GPU, 1 on CPU)")
+    p.add_argument("--workspace-bytes", type=parse_size, default=None,
+                   help="jax_ar workspace per device (default: jax_ar.setup's)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="give up after this many seconds (default 1800)")
+
+
+def default_ranks(ns, platform: str, gpus: int) -> int:
+    ranks = ns.ranks if ns.ranks is not None else (max(2, gpus) if platform == "gpu" else 2)
+    if ranks < 2:
+        raise ValueError(f"-n/--ranks must be at least 2, got {ranks}")
+    return ranks
+
+
+def common_config(ns, platform: str) -> dict:
+    """The timing part of a sweep's config, from the options and defaults."""
+    config = {}
+    for name, default in TIMING_DEFAULTS[platform].items():
+        value = getattr(ns, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be at least "
+                             f"{0 if name == 'warmup' else 1}, got {value}")
+        config[name] = default if value is None else value
+    config["min_sample_s"] = config.pop("min_sample_ms") / 1e3
+    config["workspace_bytes"] = ns.workspace_bytes
+    return config
+
+
+def parse_size(text: str) -> int:
+    """'1K' -> 1024, '256M', '1G', '4096' (binary multiples, as nccl-tests)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)[bB]?\s*", str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 1K, 256M, 1G)")
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+
+
+def format_size(nbytes: int) -> str:
+    for shift, unit in ((30, "G"), (20, "M"), (10, "K")):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
+
+
+def size_list(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise ValueError(f"need 1 <= min-bytes <= max-bytes, got {min_bytes} and {max_bytes}")
+    if factor < 2:
+        raise ValueError(f"the step factor must be at least 2, got {factor}")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def resolve_platform(platform: str) -> tuple[str, int]:
+    """("cpu" | "gpu", number of GPUs) for --platform auto|cpu|gpu."""
+    gpus = launch.gpu_count()
+    if platform == "auto":
+        platform = "gpu" if gpus > 0 and os.environ.get("JAX_PLATFORMS", "") != "cpu" else "cpu"
+    if platform == "gpu" and gpus == 0:
+        raise SweepError("--platform gpu, but nvidia-smi lists no GPU")
+    return platform, gpus
+
+
+def shared_gpu_reason(platform: str, ranks: int, gpus: int) -> str | None:
+    """Why psum cannot run when ranks share GPUs (None when they do not).
+    Warns when they share GPUs and no CUDA MPS daemon is seen: without it
+    their kernels never run at the same time and the first call times out."""
+    if platform != "gpu" or ranks <= gpus:
+        return None
+    if not mps_running():
+        print(f"jax_ar: warning: {ranks} ranks share {gpus} GPU(s) and no CUDA MPS daemon was "
+              "found (CUDA_MPS_PIPE_DIRECTORY); start it with `nvidia-cuda-mps-control -d` "
+              "(docs/benchmarks.md) or use --platform cpu", file=sys.stderr)
+    return "n/a: ranks share a GPU (NCCL refuses)"
+
+
+def mps_running() -> bool:
+    """Whether a CUDA MPS control daemon seems to be up (its pipe directory
+    holds the control pipe)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    try:
+        return any(name.startswith("control") for name in os.listdir(pipe))
+    except OSError:
+        return False
+
+
+def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
+              progress_label: str = "bench") -> dict:
+    """Runs config["cases"] in `ranks` ranks; returns rank 0's results doc."""
+    with tempfile.TemporaryDirectory(prefix="jax_ar_sweep_") as tmp:
+        config = dict(config, out=os.path.join(tmp, "results.json"), run_id=uuid.uuid4().hex)
+        config_path = os.path.join(tmp, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+        log_dir = os.path.join(tmp, "logs")
+        env = dict(os.environ)
+        env.setdefault("JAX_AR_TIMEOUT_S", "60")
+        box = {}
+
+        def target():
+            try:
+                box["result"] = launch.launch(RANK_SCRIPT, [config_path], num_processes=ranks,
+                                               cpu_devices=1 if platform == "cpu" else None,
+                                               platform=platform, timeout_s=timeout_s,
+                                               log_dir=log_dir, stream=False, env=env)
+            except BaseException as e:  # surfaced below
+                box["error"] = e
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        _show_progress(thread, os.path.join(log_dir, "rank0.log"), progress_label)
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        result = box["result"]
+        if not result.ok or not os.path.exists(config["out"]):
+            raise SweepError(_failure_text(result))
+        with open(config["out"]) as f:
+            return json.load(f)
+
+
+def _show_progress(thread, log_path: str, label: str) -> None:
+    """Rank 0's latest progress line: redrawn in place on a terminal, else
+    printed at most every 5 s."""
+    tty = sys.stderr.isatty()
+    offset, latest, shown, last_print = 0, "", "", 0.0
+    while thread.is_alive():
+        thread.join(timeout=0.2)
+        try:
+            with open(log_path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            continue
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if line.startswith("@@progress "):
+                latest = _progress_text(label, line)
+        now = time.monotonic()
+        if latest != shown and (tty or now - last_print >= 5.0):
+            sys.stderr.write(f"\r\033[K{latest}" if tty else f"{latest}\n")
+            sys.stderr.flush()
+            shown, last_print = latest, now
+    if tty and shown:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def _progress_text(label: str, line: str) -> str:
+    parts = line.split()
+    done, total = int(parts[1]), int(parts[2])
+    what = " ".join(parts[3:])
+    if what != "done" and parts[3].isdigit():
+        what = f"{format_size(int(parts[3]))}B " + " ".join(parts[4:])
+    return f"jax_ar {label}: [{done}/{total}] {what}"
+
+
+def _failure_text(result) -> str:
+    parts = [f"jax_ar: the benchmark ranks failed: {result.summary()}"]
+    for rank, log in enumerate(result.logs):
+        lines = [l for l in log.splitlines() if not l.startswith("@@progress ")]
+        parts.append(f"----- rank {rank} (exit code {result.returncodes[rank]}), last lines "
+                     f"-----\n" + "\n".join(lines[-40:]))
+    return "\n".join(parts)

@@ -1,0 +1,157 @@
+"""Timing that measures the device, not the dispatcher.
+
+One jitted program runs a chain of K calls, each taking the previous call's
+result as its input. That data dependency is what keeps XLA from merging
+the calls (CSE, the all-reduce combiner) or dropping them; an
+optimization_barrier does not (seen on XLA:CPU: the barrier is expanded
+away and K psums are combined into one). No glue runs between the calls, so
+nothing but the all-reduces is timed, and there is no fori_loop/while in
+the program (on the H200 machine each loop iteration cost ~9 us of its own).
+The compiled HLO is checked to hold K collectives before anything is timed.
+
+A sample launches the program L times back to back (dispatch is
+asynchronous, so only the first launch's host overhead is exposed) and
+blocks once: per call = wall time / (L * K). L is chosen after warm-up from
+one timed launch (the slowest rank's), so that a sample lasts at least a
+few milliseconds; warm-up is not timed; the reported figure is the median
+of the samples.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from .. import _compat
+
+__all__ = ["calibrate", "chained", "count_collectives", "device_time_per_call", "gather",
+           "launches_for", "measure", "typical_spread"]
+
+
+def chained(step, mesh, axis: str, chain: int, n_args: int = 1):
+    """jit(shard_map) of `chain` calls of step(*args) -> args', each call's
+    (invariant) results marked varying again and fed to the next one.
+    Inputs are sharded over `axis` except where step needs them replicated:
+    every argument after the first is replicated (residual, gamma)."""
+    def body(*args):
+        for k in range(chain):
+            if k:
+                args = (_compat.pcast_to_varying(args[0], (axis,)),) + tuple(args[1:])
+            args = step(*args)
+        return args
+
+    in_specs = (P(axis),) + (P(),) * (n_args - 1)
+    out_specs = (P(),) * n_args
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+_CUSTOM_CALL = re.compile(r'custom_call_target="jax_ar_')
+_ALL_REDUCE = re.compile(r"\ball-reduce(?:-start)?\(")
+
+
+def count_collectives(hlo_text: str) -> int:
+    """jax_ar custom calls plus XLA all-reduces in compiled HLO text."""
+    return len(_CUSTOM_CALL.findall(hlo_text)) + len(_ALL_REDUCE.findall(hlo_text))
+
+
+def calibrate(run, warmup: int) -> float:
+    """Seconds one launch of `run()` takes after `warmup` launches."""
+    out = None
+    for _ in range(max(1, warmup)):
+        out = run()
+    jax.block_until_ready(out)
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start
+
+
+def measure(run, chain: int, launches: int, repeats: int):
+    """(median us per call, samples, last result): `repeats` samples of
+    `launches` back-to-back launches of `run()`, a program of `chain` calls.
+    Every rank must pass the same numbers: each launch is collective."""
+    samples, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(launches):
+            out = run()
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) * 1e6 / (launches * chain))
+    return statistics.median(samples), samples, out
+
+
+def device_time_per_call(run, chain: int, launches: int = 3):
+    """(GPU kernel seconds per call, kernels per call) over `launches`
+    launches of `run()`, a program of `chain` calls, from a jax.profiler
+    trace: the durations of the kernels on the GPU's stream lines, summed.
+    Host work and the gaps between kernels are not in it, so it compares
+    what the kernels themselves cost. (None, 0) where the trace holds no GPU
+    kernels (CPU devices)."""
+    jax.block_until_ready(run())
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder)
+        try:
+            out = None
+            for _ in range(launches):
+                out = run()
+            jax.block_until_ready(out)
+        finally:
+            jax.profiler.stop_trace()
+        files = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
+        if not files:
+            return None, 0
+        profile = jax.profiler.ProfileData.from_file(files[0])
+    total_ns, kernels = 0, 0
+    for plane in profile.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if "Stream" not in line.name:  # not the derived "XLA Ops"-style lines
+                continue
+            for event in line.events:
+                total_ns += event.duration_ns
+                kernels += 1
+    if not kernels:
+        return None, 0
+    calls = launches * chain
+    return total_ns * 1e-9 / calls, kernels / calls
+
+
+def launches_for(launch_s: float, min_launches: int, min_sample_s: float,
+                 max_launches: int = 1000) -> int:
+    """Launches per sample so that a sample lasts at least `min_sample_s`:
+    short samples are at the mercy of the OS scheduler."""
+    wanted = int(min_sample_s / max(launch_s, 1e-7)) + 1
+    return max(min_launches, min(max_launches, wanted))
+
+
+def gather(run_id: str, name: str, value, timeout_s: float):
+    """Every process's `value` (JSON-able), by process index, through the
+    jax.distributed key-value store: how ranks agree on a launch count
+    without a collective (NCCL refuses ranks that share a GPU)."""
+    client = _compat.distributed_client()
+    me = jax.process_index()
+    if client is None or jax.process_count() == 1:
+        return [value]
+    client.key_value_set(f"jax_ar_bench/{run_id}/{name}/{me}", json.dumps(value))
+    return [json.loads(client.blocking_key_value_get(f"jax_ar_bench/{run_id}/{name}/{p}",
+                                                     int(timeout_s * 1000)))
+            for p in range(jax.process_count())]
+
+
+def typical_spread(results) -> float:
+    """Median over timed cases of (75th - 25th percentile) / median of their
+    samples: how much the machine disturbed the timing."""
+    spreads = []
+    for r in results:
+        samples = sorted(r.get("samples") or [])
+        if r["status"] == "ok" and len(samples) >= 3:
+            q25, q50, q75 = (statistics.quantiles(samples, n=4, method="inclusive"))
+            spreads.append((q75 - q25) / q50)
+    return statistics.median(spreads) if spreads else 0.0

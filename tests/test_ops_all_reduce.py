@@ -1,0 +1,27 @@
+"""jax_ar.all_reduce across real processes (and several devices per process).
+
+Each configuration launches workers/ops_all_reduce.py once; each of its
+suites is a test id: values of every dtype/op/algorithm bit for bit against
+the emulated reduction order and close to float64, special values, pytrees,
+gradients against psum, vmap, repeated calls of changing sizes, bad input.
+"""
+import pytest
+
+from harness import ON_GPU, check_suite, suites_of
+
+WORKER = "ops_all_reduce.py"
+CONFIGS = [  # (processes, devices per process)
+    (1, 8),
+    (2, 1),
+    (2, 2),
+    (4, 1),
+    (4, 2),
+]
+if ON_GPU:
+    CONFIGS = [(2, 1), (4, 1), (8, 1)]
+
+
+@pytest.mark.parametrize("suite", suites_of(WORKER))
+@pytest.mark.parametrize("processes,devices", CONFIGS, ids=lambda v: str(v))
+def test_all_reduce(processes, devices, suite):
+    check_suite(WORKER, suite, processes=processes, devices_per_process=devices, timeout_s=900)

@@ -1,0 +1,168 @@
+"""python -m jax_ar bench / tune: exact benchmark data, a short sweep on CPU
+ranks (table, JSON, PNG, #wrong == 0), a tiny tune run, option errors."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness import ON_GPU
+
+import jax_ar
+from jax_ar.tools import bench_data as data
+from jax_ar.selection import table as _table
+from jax_ar import __version__ as VERSION
+
+PLATFORM = ["--platform", "gpu" if ON_GPU else "cpu"]
+
+
+def _reduce(parts, op, dtype, order, in_dtype):
+    """One all-reduce the way some implementation might do it: ranks in
+    `order`, accumulating in float32 (jax_ar) or in the dtype itself with a
+    rounding after every step (a ring in bfloat16)."""
+    acc_type = dtype if in_dtype else (np.int64 if dtype == np.int32 else np.float32)
+    acc = parts[order[0]].astype(acc_type)
+    for r in order[1:]:
+        p = parts[r].astype(acc_type)
+        acc = {"sum": acc + p, "avg": acc + p, "max": np.maximum(acc, p),
+               "min": np.minimum(acc, p)}[op]
+        if dtype == np.int32:
+            acc = (acc.astype(np.int64) + 2**31) % 2**32 - 2**31
+    if op == "avg":  # int32 averages are float32, as pmean's
+        mean = acc.astype(np.float32) / np.float32(len(parts))
+        return mean if dtype == np.int32 else mean.astype(dtype)
+    return acc.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype_name", list(data.DTYPES))
+def test_chained_data_are_exact_in_any_reduction_order(dtype_name):
+    dtype = data.DTYPES[dtype_name]
+    for world in (2, 3, 4, 8, 16):
+        for op in ("sum", "avg", "max", "min"):
+            chain = data.chain_length(op, dtype_name, world, 20)
+            assert chain >= (1 if (op, dtype_name) == ("avg", "int32") else 4), (op, world)
+            want = data.reference(op, dtype_name, 999, world, chain, seed=3)
+            for order, in_dtype in ((range(world), False), (range(world)[::-1], True),
+                                    ([*range(1, world), 0], True)):
+                parts = [data.rank_values(dtype_name, 999, r, world, seed=3)
+                         for r in range(world)]
+                assert all(np.all(p.astype(np.float64) != 0) for p in parts)
+                assert len({p.tobytes() for p in parts}) >= 2  # ranks hold different data
+                for _ in range(chain):
+                    y = _reduce(parts, op, dtype, list(order), in_dtype)
+                    parts = [y.astype(dtype) if op != "avg" or dtype != np.int32 else y] * world
+                assert data.count_wrong(y, want) == 0, (dtype_name, world, op, order, in_dtype)
+            # A kernel that never read its peers (every rank reduces n copies of
+            # its own data) is caught on some rank at every element.
+            parts = [data.rank_values(dtype_name, 999, r, world, seed=3) for r in range(world)]
+            once = data.reference(op, dtype_name, 999, world, 1, seed=3)
+            worst = max(data.count_wrong(_reduce([p] * world, op, dtype, range(world), False),
+                                         once) for p in parts)
+            assert worst == 999, (dtype_name, world, op)
+
+
+def run_cli(*args, timeout=300):
+    env = dict(os.environ, JAX_AR_TIMEOUT_S="60")
+    return subprocess.run([sys.executable, "-m", "jax_ar", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_bench_short_sweep(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("bench", *PLATFORM, "-n", "2", "-b", "1K", "-e", "2K",
+                   "-d", "float32,bfloat16", "-o", "sum,max", "--repeats", "3",
+                   "--min-sample-ms", "2", "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if not line.startswith("#")]
+    # size, count, type, op, algorithm, time_us, algbw, busbw, #wrong, vs_psum
+    assert len(rows) == 2 * 2 * 2 * 3, proc.stdout
+    header = next(line for line in proc.stdout.splitlines() if "time_us" in line)
+    for column in ("size", "count", "type", "op", "algorithm", "time_us", "algbw", "busbw",
+                   "#wrong", "vs_psum"):
+        assert column in header
+    assert "# machine: 2 ranks" in proc.stdout
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["machine"]["world_size"] == 2
+    results = doc["results"]
+    assert {r["algorithm"] for r in results} == {"oneshot", "twoshot", "psum"}
+    for r in results:
+        if r["algorithm"] == "psum" and ON_GPU:
+            assert r["status"].startswith("n/a") and "NCCL" in r["status"]
+            continue
+        assert r["status"] == "ok" and r["wrong"] == 0 and r["time_us"] > 0, r
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # 2(n-1)/n = 1 at n = 2
+        assert r["chain"] == 10 and len(r["time_us_ranks"]) == 2
+        if not ON_GPU:
+            assert r["speedup_vs_psum"] > 0
+    png = (out / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_bench_rms_norm_mode(tmp_path, capsys):
+    if not hasattr(jax_ar, "all_reduce_rms_norm"):
+        from jax_ar.tools import bench
+
+        with pytest.raises(SystemExit) as info:
+            bench.main(["--op", "rms_norm", "--platform", "cpu"])
+        assert info.value.code == 2
+        assert "needs jax_ar.all_reduce_rms_norm" in capsys.readouterr().err
+        return
+    proc = run_cli("bench", *PLATFORM, "-n", "2", "--op", "rms_norm", "-b", "8K", "-e", "16K",
+                   "--hidden", "1024", "-d", "bfloat16", "--repeats", "3", "--min-sample-ms",
+                   "2", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert {r["algorithm"] for r in results} == {"fused", "all_reduce+norm", "psum+norm"}
+    assert all(r["wrong"] == 0 for r in results), results
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-d", "float64"], "--dtype: float64"),
+    (["-a", "nccl"], "--algorithms: nccl"),
+    (["-b", "1K", "-e", "512"], "min-bytes <= max-bytes"),
+    (["-b", "lots"], "not a size"),
+    (["-n", "1"], "at least 2"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+])
+def test_bench_rejects_bad_options(args, message, capsys):
+    from jax_ar.tools import bench
+
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--platform", "cpu", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_tune_writes_a_table_later_runs_accept(tmp_path):
+    path = tmp_path / "table.json"
+    proc = run_cli("tune", *PLATFORM, "-n", "2", "-b", "1K", "-e", "4K", "--repeats", "3",
+                   "--min-sample-ms", "2", "--out", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"# wrote {path}" in proc.stdout
+    doc = json.loads(path.read_text())
+    table = _table.load_table(str(path), doc["platform"], doc["device_kind"], 2, VERSION)
+    assert set(table.curves) == {"oneshot", "twoshot", "psum"}
+    assert sorted(doc["measurements"]["oneshot"])[0][0] == 1024
+    if not ON_GPU:
+        assert len(doc["measurements"]["psum"]) == 3
+
+
+def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):
+    """What the GPU machine's run gets (2 ranks on 1 GPU): psum is reported
+    as unavailable, not attempted; a missing MPS daemon is warned about."""
+    from jax_ar.tools import bench, sweep as _sweep
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent")
+    ns = bench.build_parser().parse_args(["-n", "2", "-e", "64M", "--xla-oneshot"])
+    config = bench.plan(ns, "gpu", 1)
+    assert "CUDA MPS" in capsys.readouterr().err
+    assert config["ranks"] == 2 and config["iters"] == 20
+    assert config["unavailable"]["psum"] == config["unavailable"]["xla_oneshot"]
+    assert "NCCL" in config["unavailable"]["psum"]
+    sizes = sorted({c["bytes"] for c in config["cases"]})
+    assert sizes == _sweep.size_list(1024, 64 << 20)
+    assert {c["algorithm"] for c in config["cases"]} == {"oneshot", "twoshot", "psum",
+                                                        "xla_oneshot"}
+    # One GPU per rank: psum runs.
+    assert bench.plan(bench.build_parser().parse_args(["-n", "8"]), "gpu", 8)["unavailable"] == {}

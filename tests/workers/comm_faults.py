@@ -1,0 +1,382 @@
+"""One rank of the fault tests. Usage: comm_faults.py SCENARIO
+
+The last process ("odd") is the one that misbehaves; every rank checks what
+it sees and prints "fault-check ok: SCENARIO" when all was as expected.
+
+disagree        calls that differ in size, dtype, op, algorithm, number of
+                arrays, size of a multi-round message, or operation: an
+                error naming both calls on every rank at once; later calls
+                and check() fail at once; close() + setup() then gives exact
+                results on new data
+skip            odd skips a call and then (a) makes a different call, (b)
+                waits (all_reduce, and all_reduce_rms_norm when it exists),
+                (c) closes: the others fail at once (a, c) or at the
+                deadline (b); odd's later call fails at once; recovery
+skip_and_end    odd skips the last call and its script ends: every rank
+                fails (odd through the launcher's end-of-script check)
+setup_disagree  different workspace_bytes, a different library version, a
+                process that skips setup (and arrives later): errors naming
+                the processes; setup then works again
+die             process 1 kills itself (SIGKILL) after setup; the others'
+                next call fails at once naming it (CPU) or at the deadline
+die_in_setup    process 1 kills itself inside setup after creating its
+                workspace (CPU) or before setup (GPU): the others' setup
+                fails at once naming it
+stuck           odd sleeps instead of calling; the others fail at the
+                deadline and raise; the launcher must stop odd
+"""
+import logging
+import os
+import signal
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import jax_ar
+from jax_ar.comm import communicator
+from common import global_array, log, main_guard
+from comm_fault_checks import (ON_GPU, PROMPT_S, check_fresh_results, expect_check_fails,
+                          expect_failure, last_process, me, reducer, sharded, tp_mesh)
+
+# The deadline of communicators whose timeouts the test waits for; "default"
+# leaves it to JAX_AR_TIMEOUT_S or jax_ar's default.
+_DEADLINE = os.environ.get("FAULT_DEADLINE_S", "2")
+DEADLINE_S = jax_ar.config.resolve_timeout(None if _DEADLINE == "default" else float(_DEADLINE))
+
+
+def setup(mesh, **kwargs):
+    kwargs.setdefault("timeout_s", DEADLINE_S)
+    return jax_ar.setup(mesh, "tp", **kwargs)
+
+
+def rank_of(mesh, process):
+    """The first rank of the "tp" group that `process` holds."""
+    return min(i for i, d in enumerate(mesh.devices.flat) if d.process_index == process)
+
+
+def kv_signal(name):
+    from jax_ar import _compat
+
+    _compat.distributed_client().key_value_set(f"fault/{name}/{me()}", "1")
+
+
+def kv_wait(name, process):
+    from jax_ar import _compat
+
+    _compat.distributed_client().blocking_key_value_get(f"fault/{name}/{process}", 60_000)
+
+
+def scenario_disagree(mesh):
+    odd = me() == last_process()
+    _, x4s = sharded(mesh, 4)
+    _, x8s = sharded(mesh, 8)
+    _, xbs = sharded(mesh, 4, dtype=jnp.bfloat16)
+    # name -> (variant(is_odd) -> (function, args), what the error names on CPU)
+    cases = {
+        "size": (lambda o: (reducer(mesh), (x8s if o else x4s,)), ("float32[4]", "float32[8]")),
+        "dtype": (lambda o: (reducer(mesh), (xbs if o else x4s,)), ("float32[4]", "bfloat16[4]")),
+        "op": (lambda o: (reducer(mesh, op="max" if o else "sum"), (x4s,)), ("sum", "max")),
+        "algorithm": (lambda o: (reducer(mesh, algorithm="twoshot" if o else "oneshot"), (x4s,)),
+                      ("oneshot", "twoshot")),
+        "arrays": (lambda o: (reducer(mesh, leaves=2 if o else 1), (x4s, x8s) if o else (x4s,)),
+                   ("2 arrays",)),
+    }
+    comm = setup(mesh)
+    big_rows = comm.capacity_bytes("oneshot") // 4 + 1000  # two rounds through the workspace
+    comm.close()
+    cases["multi-round size"] = (
+        lambda o: (reducer(mesh, algorithm="oneshot"),
+                   (sharded(mesh, big_rows if o else 1000)[1],)),
+        ("float32[1000]",))
+    if hasattr(jax_ar, "all_reduce_rms_norm"):
+        cases["operation"] = (lambda o: _norm_or_reduce(mesh, o), ("all_reduce_rms_norm",))
+    if hasattr(jax_ar, "reduce_scatter"):
+        cases["reduce_scatter"] = (lambda o: _scatter_or_reduce(mesh, o), ("reduce_scatter",))
+
+    for seed, (name, (variant, fragments)) in enumerate(cases.items()):
+        comm = setup(mesh, timeout_s=30.0)  # errors must come at once, not at this deadline
+        good = reducer(mesh)
+        jax.block_until_ready(good(x4s))  # a good call first
+        # Every rank compiles both variants (on GPUs XLA's sharded autotuning
+        # waits for every process to compile a program), outside the timed part.
+        compiled = {}
+        for is_odd in (False, True):
+            fn, args = variant(is_odd)
+            compiled[is_odd] = (fn.lower(*args).compile(), args)
+        call, args = compiled[odd]
+        expect_failure(comm, lambda: call(*args), f"disagree/{name}",
+                       must_name=("disagree",) + (() if ON_GPU else fragments))
+        expect_failure(comm, lambda: good(x4s), f"disagree/{name}: next call")
+        expect_check_fails(comm, f"disagree/{name}")
+        comm.close()
+        fresh = setup(mesh)
+        check_fresh_results(mesh, seed + 100, f"disagree/{name}: after close() + setup()")
+        fresh.close()
+
+
+def _norm_or_reduce(mesh, odd):
+    """all_reduce_rms_norm on most ranks, a plain all_reduce of the same
+    float32 operand on `odd`: equal bytes, different operations. (A hidden
+    size the fused kernel takes: the general path is a plain all_reduce plus
+    a norm, whose exchange pairs with odd's and gives each rank the right
+    result for its own call.)"""
+    tokens, hidden = 2, 256
+    x = global_array(np.ones((jax.device_count() * tokens, hidden), np.float32), mesh, P("tp"))
+    r = global_array(np.ones((tokens, hidden), np.float32), mesh, P())
+    g = global_array(np.ones((hidden,), np.float32), mesh, P())
+    if odd:
+        def body(x, r, g):
+            return jax_ar.all_reduce(x, "tp", algorithm="oneshot"), r
+    else:
+        def body(x, r, g):
+            return jax_ar.all_reduce_rms_norm(x, r, g, "tp", algorithm="oneshot")
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                               out_specs=(P(), P())))
+    return fn, (x, r, g)
+
+
+def _scatter_or_reduce(mesh, odd):
+    """reduce_scatter on `odd`, all_reduce of the same operand elsewhere."""
+    x = global_array(np.ones((jax.device_count() * jax.device_count() * 4,), np.float32),
+                     mesh, P("tp"))
+    if odd:
+        fn = jax.shard_map(lambda v: jax_ar.reduce_scatter(v, "tp", tiled=True), mesh=mesh,
+                           in_specs=P("tp"), out_specs=P("tp"))
+    else:
+        fn = jax.shard_map(lambda v: jax_ar.all_reduce(v, "tp"), mesh=mesh, in_specs=P("tp"),
+                           out_specs=P())
+    return jax.jit(fn), (x,)
+
+
+def scenario_skip(mesh):
+    odd = me() == last_process()
+    odd_rank = rank_of(mesh, last_process())
+    _, xs = sharded(mesh, 4)
+    _, ys = sharded(mesh, 6, seed=1)
+    f = reducer(mesh)
+
+    # (a) odd skips the call on x and makes the next one (on y): all fail.
+    # (Every rank compiles both programs: see scenario_disagree.)
+    comm = setup(mesh, timeout_s=30.0)
+    on_x, on_y = f.lower(xs).compile(), f.lower(ys).compile()
+    jax.block_until_ready(on_x(xs))
+    expect_failure(comm, lambda: on_y(ys) if odd else on_x(xs), "skip/then-other-call",
+                   must_name=("disagree",))
+    comm.close()
+
+    # (b) odd skips the call and waits: the others time out at the deadline,
+    # naming themselves and odd; odd learns of it (check(), its next call).
+    skip_and_wait(mesh, f, (xs,), "all_reduce")
+    if hasattr(jax_ar, "all_reduce_rms_norm"):
+        norm, norm_args = _norm_or_reduce(mesh, odd=False)
+        skip_and_wait(mesh, norm, norm_args, "all_reduce_rms_norm")
+
+    # (c) odd skips the call and closes: the others stop at once (CPU) and
+    # odd's close() logs that a peer started a call it never made.
+    deadline_c = DEADLINE_S if ON_GPU else 30.0
+    comm = setup(mesh, timeout_s=deadline_c)
+    jax.block_until_ready(f(xs))
+    if odd:
+        records = _capture_jax_ar_errors()
+        kv_wait("skip-close", 0)
+        time.sleep(0.3)  # process 0 is about to call: let its call start
+        comm.close()
+        if not ON_GPU:  # the host backend reports peers that started a call it never made
+            assert any("skipped" in r for r in records), f"close() did not report it: {records}"
+            log(f"skip/close: close() logged: {records[0][:200]}")
+    else:
+        if me() == 0:
+            kv_signal("skip-close")
+        expect_failure(comm, lambda: f(xs), "skip/close", must_name=(f"rank {odd_rank}",),
+                       within_s=deadline_c + PROMPT_S)
+        comm.close()
+
+    fresh = setup(mesh)
+    check_fresh_results(mesh, 7, "skip: after close() + setup()")
+    fresh.close()
+
+
+def skip_and_wait(mesh, fn, args, operation):
+    odd = me() == last_process()
+    odd_rank = rank_of(mesh, last_process())
+    what = f"skip/wait/{operation}"
+    comm = setup(mesh)
+    jax.block_until_ready(fn(*args))
+    if odd and ON_GPU:  # peers' failures reach a GPU rank through its next launch
+        time.sleep(DEADLINE_S + PROMPT_S)
+        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call")
+    elif odd:
+        give_up = time.monotonic() + DEADLINE_S + 10
+        while time.monotonic() < give_up:
+            try:
+                comm.check()
+            except jax_ar.JaxArError as e:
+                assert "timed out" in str(e) and f"rank {odd_rank}" in str(e), e
+                log(f"{what}: check() reports: {str(e)[:200]}")
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"{what}: the peers' failure never reached the skipping rank")
+        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call")
+    else:
+        names = (f"rank {rank_of(mesh, me())}", f"rank {odd_rank}", "timed out")
+        expect_failure(comm, lambda: fn(*args), what,
+                       must_name=names + (() if ON_GPU else (operation,)),
+                       within_s=DEADLINE_S + PROMPT_S, at_least_s=DEADLINE_S * 0.9)
+    comm.close()
+
+
+def _capture_jax_ar_errors():
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("jax_ar").addHandler(Keep(logging.ERROR))
+    return records
+
+
+def scenario_skip_and_end(mesh):
+    """odd skips the last call and its script ends: the others fail at once
+    (CPU) naming it, and odd fails too (the launcher's end-of-script check:
+    a peer made a call it never made)."""
+    comm = setup(mesh, timeout_s=DEADLINE_S if ON_GPU else 30.0)
+    _, xs = sharded(mesh, 4)
+    f = reducer(mesh)
+    jax.block_until_ready(f(xs))
+    if me() == last_process():
+        log("fault-check ok: skip_and_end (ending without the last call)")
+        return
+    error = expect_failure(comm, lambda: f(xs), "skip_and_end",
+                           must_name=(f"rank {rank_of(mesh, last_process())}",),
+                           within_s=DEADLINE_S + PROMPT_S if ON_GPU else PROMPT_S)
+    stop_like_a_program(error, "skip_and_end")
+
+
+def scenario_setup_disagree(mesh):
+    odd = me() == last_process()
+    mine, theirs = f"process {me()}", f"process {0 if odd else last_process()}"
+
+    def expect_setup_error(what, kind, must_name, within_s=PROMPT_S, **kwargs):
+        start = time.monotonic()
+        try:
+            jax_ar.setup(mesh, "tp", **kwargs)
+        except kind as e:
+            took = time.monotonic() - start
+            for fragment in ("jax_ar", *must_name):
+                assert fragment in str(e), f"{what}: error does not mention {fragment!r}: {e}"
+            assert took <= within_s, f"{what}: error after {took:.2f} s: {e}"
+            log(f"{what}: failed as expected after {took:.2f} s: {str(e)[:300]}")
+            return
+        raise AssertionError(f"{what}: setup succeeded; expected {kind.__name__}")
+
+    expect_setup_error("setup/workspace_bytes", jax_ar.JaxArError,
+                       ("workspace_bytes", mine, theirs),
+                       workspace_bytes=(2 << 20) if odd else (1 << 20), timeout_s=30.0)
+
+    saved = communicator.__version__
+    if odd:
+        communicator.__version__ = "0.0.0-other"
+    try:
+        expect_setup_error("setup/version", jax_ar.JaxArError, ("version", mine, theirs),
+                           timeout_s=30.0)
+    finally:
+        communicator.__version__ = saved
+
+    # odd skips setup: the others time out naming it; odd, arriving later,
+    # learns at once that they gave up (it joins the same, failed setup).
+    if odd:
+        time.sleep(DEADLINE_S + 1.0)
+        expect_setup_error("setup/late", jax_ar.JaxArError, ("failed", "process 0"),
+                           timeout_s=30.0)
+    else:
+        expect_setup_error("setup/missing", jax_ar.JaxArTimeoutError,
+                           (mine, f"process {last_process()}", "never got there"),
+                           within_s=DEADLINE_S + PROMPT_S, timeout_s=DEADLINE_S)
+
+    fresh = setup(mesh, timeout_s=30.0)
+    check_fresh_results(mesh, 3, "setup: after the failed setups")
+    fresh.close()
+
+
+def scenario_die(mesh):
+    # On CPU a long deadline shows that the death is noticed at once; GPU
+    # kernels notice it only at their deadline.
+    comm = setup(mesh, timeout_s=DEADLINE_S if ON_GPU else 30.0)
+    _, xs = sharded(mesh, 4)
+    f = reducer(mesh)
+    jax.block_until_ready(f(xs))
+    victim = 1  # not process 0: JAX ends every process when its coordinator dies
+    if me() == victim:
+        log("killing myself")
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)  # the victim is gone before the call
+    error = expect_failure(comm, lambda: f(xs), "die",
+                           must_name=(f"rank {rank_of(mesh, victim)}",),
+                           within_s=(DEADLINE_S + PROMPT_S) if ON_GPU else PROMPT_S)
+    expect_check_fails(comm, "die")
+    comm.close()
+    stop_like_a_program(error, "die")
+
+
+def scenario_die_in_setup(mesh):
+    victim = 1
+    if me() == victim:
+        if ON_GPU:
+            log("killing myself before setup")
+            os.kill(os.getpid(), signal.SIGKILL)
+        from jax_ar.comm.cpu_backend import CpuBackend
+
+        def die_instead_of_mapping(self, *args):
+            log("killing myself inside setup, after creating my workspace")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        CpuBackend.open = die_instead_of_mapping
+    start = time.monotonic()
+    try:
+        jax_ar.setup(mesh, "tp", timeout_s=30.0)
+    except jax_ar.JaxArError as e:
+        took = time.monotonic() - start
+        assert f"process {victim}" in str(e) and "exited" in str(e), e
+        assert took < PROMPT_S, f"die_in_setup: error after {took:.2f} s: {e}"
+        log(f"die_in_setup: failed as expected after {took:.2f} s: {str(e)[:300]}")
+        stop_like_a_program(str(e), "die_in_setup")
+    raise AssertionError("die_in_setup: setup succeeded without the victim")
+
+
+def scenario_stuck(mesh):
+    comm = setup(mesh)
+    _, xs = sharded(mesh, 4)
+    f = reducer(mesh)
+    jax.block_until_ready(f(xs))
+    if me() == last_process():
+        log("sleeping instead of calling")
+        time.sleep(600)
+    error = expect_failure(comm, lambda: f(xs), "stuck", must_name=("timed out",),
+                           within_s=DEADLINE_S + PROMPT_S, at_least_s=DEADLINE_S * 0.9)
+    stop_like_a_program(error, "stuck")
+
+
+def stop_like_a_program(error, scenario):
+    """Ends this rank with the error, as a real program would; the launcher
+    then ends the job (its peers may be dead or stuck, so this process would
+    otherwise wait in jax.distributed's shutdown)."""
+    log(f"fault-check ok: {scenario}")
+    raise RuntimeError(error)
+
+
+def main(argv):
+    log(f"pid {os.getpid()}")
+    name = argv[0]
+    globals()[f"scenario_{name}"](tp_mesh())
+    log(f"fault-check ok: {name}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main_guard(main)

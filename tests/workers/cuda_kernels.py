@@ -1,0 +1,335 @@
+"""One rank of the GPU-only checks. Usage: cuda_kernels.py SUITE [SUITE...]
+
+Suites: sizes, back_to_back, fused, replay_after_close, timeout. Each runs on
+a communicator of its own. Values are compared bit for bit with the
+emulated reduction order (tests/workers/common.py) and across processes.
+"""
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import jax_ar
+from jax_ar import _native
+from common import (DTYPES, assert_bitwise_equal, assert_equal_nan_aware, emulate_all_reduce,
+                    global_array, local_shards, log, main_guard, run_suites, suites_in, random_values,
+                    same_on_all_processes)
+
+SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
+CONTROL_BYTES = 64 * 1024  # cuda/common/protocol.h
+
+
+def make_mesh():
+    return jax.make_mesh((jax.device_count(),), ("tp",))
+
+
+def sharded_call(mesh, fn, n_in, n_out, check_vma=True):
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=tuple(P("tp") for _ in range(n_in)),
+                                 out_specs=tuple(P() for _ in range(n_out)), check_vma=check_vma))
+
+
+def check_exact(name, out, parts, op="sum"):
+    want = emulate_all_reduce(parts, op)
+    for device, _, data in local_shards(out):
+        assert_bitwise_equal(data, want, f"{name} on {device}")
+    same_on_all_processes(name, [local_shards(out)[0][2]])
+
+
+def gpu_capacities(comm):
+    """Bytes one launch carries on the GPU (cuda/gpu/layout.h LayoutOf and
+    cuda/gpu/all_reduce.cc): a quarter of the data area holds the two LL
+    halves of one-shot launches, whose packets carry 8 data bytes in 16; the
+    rest holds the two halves of two-shot launches."""
+    align = lambda v: v // 16 * 16
+    data = comm.workspace_bytes - CONTROL_BYTES
+    ll_half = align(data // 8)
+    plain_half = align((data - 2 * ll_half) // 2)
+    n = comm.world_size
+    return {"oneshot": align(align(ll_half // n) // 2),
+            "twoshot": align(plain_half // (2 * n)) * n}
+
+
+def suite_sizes(mesh):
+    """Sizes around and above one launch's capacity, on a 1 MiB workspace so
+    that several rounds are cheap; a pytree of more leaves than one launch
+    takes; then the default workspace with one array as large as it."""
+    n = jax.device_count()
+    rng = np.random.default_rng(SEED + 11)
+    comm = jax_ar.setup(mesh, "tp", workspace_bytes=1 << 20)
+    assert comm.serves_calls, comm
+    caps = gpu_capacities(comm)
+    for algorithm, cap in caps.items():
+        for nbytes in (4, cap - 16, cap, cap + 16, 2 * cap + 4, 3 * cap - 8):
+            for dt in ("float32", "bfloat16"):
+                size = max(1, nbytes // DTYPES[dt].itemsize)
+                x = random_values(rng, (n * size,), DTYPES[dt])
+                f = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp", algorithm=algorithm),), 1, 1)
+                out, = f(global_array(x, mesh, P("tp")))
+                check_exact(f"sizes/{algorithm}/{dt}/{nbytes}", out, np.split(x, n))
+    # 60 leaves of mixed dtypes and odd sizes in one call (several launches).
+    leaves = [random_values(rng, (n * (1 + 37 * i % 101),), DTYPES[("float32", "bfloat16", "float16", "int32")[i % 4]])
+              for i in range(60)]
+    for algorithm in ("oneshot", "twoshot"):
+        f = sharded_call(mesh, lambda *vs: tuple(jax_ar.all_reduce(list(vs), "tp", algorithm=algorithm)),
+                         len(leaves), len(leaves))
+        outs = f(*[global_array(v, mesh, P("tp")) for v in leaves])
+        for i, (leaf, out) in enumerate(zip(leaves, outs)):
+            check_exact(f"sizes/pytree/{algorithm}/{i}", out, np.split(leaf, n))
+    comm.close()
+
+    comm = jax_ar.setup(mesh, "tp")
+    size = comm.workspace_bytes // 4  # float32 elements: as many bytes as the workspace
+    x = random_values(rng, (n * size,), np.float32)
+    for algorithm in ("oneshot", "twoshot"):
+        f = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp", algorithm=algorithm),), 1, 1)
+        out, = f(global_array(x, mesh, P("tp")))
+        check_exact(f"sizes/workspace/{algorithm}", out, np.split(x, n))
+    comm.close()
+    log("sizes: ok")
+
+
+def suite_back_to_back(mesh):
+    """1,000 dependent calls in one jitted program (250 loop iterations of
+    two one-shot and two two-shot calls, enough commands per iteration for
+    XLA to record the body as a CUDA graph), run twice: launch numbers and
+    buffer parity advance on the device, through graph replays when command
+    buffers are on. Logs how often the handler ran in the second run (a
+    handful under graphs, 1,000 without)."""
+    n = jax.device_count()
+    comm = jax_ar.setup(mesh, "tp")
+    rng = np.random.default_rng(SEED + 12)
+    small = random_values(rng, (n * 8192,), ml_dtypes.bfloat16)   # 16 KB per rank
+    large = random_values(rng, (n * 300_000,), np.float32)        # 1.2 MB per rank
+    iterations, calls_per_iteration = 250, 2
+    # Scaling by a power of two is exact, so the emulation below matches bit
+    # for bit; 1/n keeps the values from growing geometrically.
+    shrink = 1.0 / n if n & (n - 1) == 0 else 0.5
+
+    def body(a, b):
+        def step(_, carry):
+            ya, yb = carry
+            for _ in range(calls_per_iteration):
+                ya = jax_ar.all_reduce(ya * shrink + a, "tp", algorithm="oneshot")
+                yb = jax_ar.all_reduce(yb * shrink + b, "tp", algorithm="twoshot")
+            return ya, yb
+        return jax.lax.fori_loop(0, iterations, step, (jnp.zeros_like(a), jnp.zeros_like(b)))
+
+    f = sharded_call(mesh, body, 2, 2, check_vma=False)
+    args = [global_array(v, mesh, P("tp")) for v in (small, large)]
+    handler_calls = _native.backend_module("gpu").handler_calls
+    for run in range(2):
+        before = handler_calls()
+        start = time.perf_counter()
+        ya, yb = f(*args)
+        ya.block_until_ready()
+        log(f"back_to_back run {run}: {2 * iterations * calls_per_iteration} calls in "
+            f"{time.perf_counter() - start:.3f} s, handler ran {handler_calls() - before} times")
+    for name, x, out in (("oneshot/bf16", small, ya), ("twoshot/f32", large, yb)):
+        parts = np.split(x, n)
+        y = np.zeros_like(parts[0])
+        for _ in range(iterations * calls_per_iteration):
+            y = emulate_all_reduce([(y.astype(np.float32) * shrink + p.astype(np.float32)).astype(x.dtype)
+                                    for p in parts], "sum")
+        for device, _, data in local_shards(out):
+            assert_equal_nan_aware(data, y, f"back_to_back/{name} on {device}")
+        same_on_all_processes(f"back_to_back/{name}", [local_shards(out)[0][2]])
+    comm.check()
+    comm.close()
+    log("back_to_back: ok")
+
+
+def fused_reference(parts, residual, gamma, eps, quantize, scale):
+    """all_reduce + residual + RMSNorm as the fused kernel defines it, in
+    numpy: exact for residual_out, float64 norm for out."""
+    dtype = parts[0].dtype
+    t = parts[0].astype(np.float32)
+    for p in parts[1:]:
+        t = t + p.astype(np.float32)
+    residual_out = (t + residual.astype(np.float32)).astype(dtype)
+    v = residual_out.astype(np.float64)
+    y = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * gamma.astype(np.float64)
+    if quantize:
+        return np.clip(y / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn), residual_out
+    return y.astype(dtype), residual_out
+
+
+def suite_fused(mesh):
+    """The FFI target jax_ar_all_reduce_rms_norm called directly (the Python
+    primitive lives elsewhere): residual_out bit for bit, out within the
+    norm's rounding, every rank the same bits; several launches on a small
+    workspace."""
+    n = jax.device_count()
+    rng = np.random.default_rng(SEED + 13)
+    eps = 1e-6
+    for workspace in (None, 4 << 20):
+        comm = jax_ar.setup(mesh, "tp", workspace_bytes=workspace)
+        cases = [("bfloat16", 1, 4096), ("bfloat16", 37, 16384), ("float16", 64, 128),
+                 ("float32", 5, 8192), ("bfloat16", 200, 1024)]
+        if workspace is not None:
+            # Several launches per call; with 8 ranks the 16384-wide rows do
+            # not fit the LL region, so one-shot calls run two-shot.
+            cases = [("bfloat16", 300, 2048), ("float32", 33, 4096), ("bfloat16", 9, 16384)]
+        for dtype, tokens, hidden in cases:
+            dt = DTYPES[dtype]
+            x = rng.standard_normal((n * tokens, hidden)).astype(dt)
+            residual = rng.standard_normal((tokens, hidden)).astype(dt)
+            gamma = (1 + 0.1 * rng.standard_normal(hidden)).astype(dt)
+            for algorithm in ("oneshot", "twoshot"):
+                for quantize in (False, True):
+                    scale = np.float32(0.05)
+                    out_dtype = ml_dtypes.float8_e4m3fn if quantize else dt
+
+                    def body(xs, r, g, s):
+                        return jax.ffi.ffi_call(
+                            "jax_ar_all_reduce_rms_norm",
+                            (jax.ShapeDtypeStruct(xs.shape, out_dtype),
+                             jax.ShapeDtypeStruct(xs.shape, xs.dtype)))(
+                            xs, r, g, s, comm_id=np.int64(comm.comm_id),
+                            algorithm=np.int32({"oneshot": 1, "twoshot": 2}[algorithm]),
+                            eps=np.float32(eps), quantize=np.int32(quantize))
+
+                    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P(), P()),
+                                              out_specs=(P(), P()), check_vma=False))
+                    out, residual_out = f(global_array(x, mesh, P("tp")),
+                                          global_array(residual, mesh, P()),
+                                          global_array(gamma, mesh, P()), jnp.float32(scale))
+                    want_out, want_res = fused_reference(np.split(x, n), residual, gamma, eps,
+                                                         quantize, scale)
+                    name = f"fused/{algorithm}/{dtype}/{tokens}x{hidden}/q{int(quantize)}"
+                    for device, _, data in local_shards(residual_out):
+                        assert_bitwise_equal(data, want_res, f"{name} residual_out on {device}")
+                    for device, _, data in local_shards(out):
+                        got, want = data.astype(np.float64), want_out.astype(np.float64)
+                        ulp = {np.dtype(np.float32): 2**-21, DTYPES["bfloat16"]: 2**-7,
+                               DTYPES["float16"]: 2**-10}[dt]
+                        tol = (2**-3 * np.abs(want) + 2**-9) if quantize else (ulp * np.abs(want) + ulp)
+                        bad = np.abs(got - want) > tol
+                        assert not bad.any(), (f"{name} out on {device}: {bad.sum()} elements off, "
+                                               f"first got {got[bad][0]} want {want[bad][0]}")
+                    same_on_all_processes(name, [local_shards(out)[0][2].view(np.uint8),
+                                                 local_shards(residual_out)[0][2]])
+        comm.check()
+        comm.close()
+    log("fused: ok")
+
+
+def suite_replay_after_close(mesh):
+    """A compiled program kept across close(): running it again must not
+    touch the freed workspaces. It either fails with jax_ar's error (XLA
+    re-records the command buffer, so the handler runs and finds no
+    communicator) or its kernels find their token gone and write all-ones
+    bits; it never crashes, hangs or returns a plausible wrong value."""
+    n = jax.device_count()
+    comm = jax_ar.setup(mesh, "tp")
+    x = np.arange(n * 1024, dtype=np.float32)
+    f = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp", algorithm="oneshot"),), 1, 1)
+    xs = global_array(x, mesh, P("tp"))
+    compiled = f.lower(xs).compile()
+    out, = compiled(xs)
+    check_exact("replay/before", out, np.split(x, n))
+    comm.close()
+    try:
+        out, = compiled(xs)
+        data = local_shards(out)[0][2]
+        assert (data.view(np.uint32) == 0xFFFFFFFF).all(), f"stale launch returned {data[:4]}"
+        log("replay after close: stale kernels wrote all-ones")
+    except Exception as e:  # noqa: BLE001 - XLA wraps the handler's error
+        assert "jax_ar" in str(e), e
+        log(f"replay after close: handler refused ({str(e).splitlines()[0][:120]})")
+    comm = jax_ar.setup(mesh, "tp")
+    out, = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp"),), 1, 1)(xs)
+    check_exact("replay/after setup", out, np.split(x, n))
+    comm.close()
+    log("replay_after_close: ok")
+
+
+def suite_timeout(mesh):
+    """Rank 1 skips a call: the others' kernels give up after timeout_s and
+    every rank's error names jax_ar, itself and rank 1; nothing hangs, and a
+    new setup after close() works again."""
+    from jax_ar import _compat
+
+    n = jax.device_count()
+    me = jax.process_index()
+    client = _compat.distributed_client()
+    timeout_s = 3.0
+    comm = jax_ar.setup(mesh, "tp", timeout_s=timeout_s)
+    x = np.ones((n * 4096,), np.float32)
+    xs = global_array(x, mesh, P("tp"))
+    f = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp", algorithm="oneshot"),), 1, 1)
+    out, = f(xs)
+    check_exact("timeout/warmup", out, np.split(x, n))
+    # Compiled by every rank now: XLA's sharded autotuning makes a program
+    # that only some processes compile wait for the others forever.
+    g = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v * 2, "tp"),), 1, 1).lower(xs).compile()
+
+    def expect_failure(where):
+        try:
+            comm.check()
+        except jax_ar.JaxArError as e:
+            text = str(e)
+            for fragment in ("jax_ar", f"rank {me}", "rank 1"):
+                assert fragment in text, f"{where}: {fragment!r} missing from: {text}"
+            log(f"{where}: {text[:200]}")
+            return
+        raise AssertionError(f"{where}: comm.check() did not raise")
+
+    def call_that_fails():
+        # GPU kernels give up and record the failure (check() reports it);
+        # the host backend raises from the call itself.
+        start = time.perf_counter()
+        try:
+            f(xs)[0].block_until_ready()
+        except Exception as e:  # noqa: BLE001 - XLA wraps the handler's error
+            assert "jax_ar" in str(e), e
+        return time.perf_counter() - start
+
+    if me != 1:
+        waited = call_that_fails()
+        assert waited < timeout_s + 15, f"the call took {waited:.1f} s"
+        expect_failure("skipped peer")
+        # Another program records its command buffer now, so its handler runs
+        # and refuses the broken communicator.
+        try:
+            g(xs)[0].block_until_ready()
+        except Exception as e:  # noqa: BLE001 - XLA wraps the handler's error
+            assert "jax_ar" in str(e) and "failed earlier" in str(e), e
+        else:
+            raise AssertionError("a call on a failed communicator did not raise")
+        client.key_value_set(f"test/timeout/{me}", "done")
+    else:
+        for p in range(n):
+            if p != 1:
+                client.blocking_key_value_get(f"test/timeout/{p}", 120_000)
+        waited = call_that_fails()  # its peers gave up and told it so
+        assert waited < timeout_s + 15, f"the call took {waited:.1f} s"
+        if jax.devices()[0].platform == "gpu":
+            expect_failure("the skipping rank")
+    # Nobody frees a workspace that a peer's kernel may still write to.
+    client.key_value_set(f"test/timeout_end/{me}", "done")
+    for p in range(n):
+        client.blocking_key_value_get(f"test/timeout_end/{p}", 120_000)
+    comm.close()
+    comm = jax_ar.setup(mesh, "tp")
+    out, = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp"),), 1, 1)(xs)
+    check_exact("timeout/after new setup", out, np.split(x, n))
+    comm.close()
+    log("timeout: ok")
+
+
+SUITES = suites_in(globals())
+
+
+def main(argv):
+    mesh = make_mesh()
+    log(f"{jax.device_count()} devices, {jax.process_count()} processes on "
+        f"{jax.devices()[0].device_kind}")
+    run_suites(SUITES, argv or list(SUITES), mesh)
+
+
+if __name__ == "__main__":
+    main_guard(main)

@@ -1,0 +1,273 @@
+"""One rank of the jax_ar.rms_norm tests. Usage: ops_rms_norm.py [SUITE...]
+
+Suites: values, sharded, shard_map, grad, vmap, bad_input. Values are
+checked against numpy (residual_out bit for bit, out against float64); the
+derivatives against jax's derivative of the plain jnp formula.
+"""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_ar
+from common import (assert_equal_nan_aware, expect_error, global_array, local_shards, log,
+                    main_guard, run_suites, suites_in)
+from norm_checks import (FLOAT_DTYPES, add_residual, assert_norm_close,
+                         norm_float64, random_normal)
+
+SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
+
+
+def numpy_rms_norm(x, gamma, eps, residual=None):
+    """(float64 out reference, residual_out or None) from numpy alone."""
+    if residual is None:
+        return norm_float64(x, gamma, eps), None
+    residual_out = add_residual(x.astype(np.float32), residual)
+    return norm_float64(residual_out, gamma, eps), residual_out
+
+
+def random_cases(rng):
+    """(shape, dtype name, eps, with residual) covering one token, 1-D and
+    3-D inputs, hidden sizes the CUDA kernel takes (multiples of 8 up to
+    8192) and ones it does not (XLA's ops serve those)."""
+    cases = [((1, 128), "bfloat16", 1e-6, True), ((128,), "float32", 1e-5, False),
+             ((2, 3, 1024), "float16", 1e-6, True), ((5, 8192), "bfloat16", 1e-6, True),
+             ((3, 100), "float32", 1e-6, True), ((4, 12), "float16", 0.5, False)]
+    for _ in range(6):
+        tokens = int(rng.integers(1, 70))
+        hidden = 8 * int(rng.integers(1, 520))
+        cases.append(((tokens, hidden), str(rng.choice(list(FLOAT_DTYPES))),
+                      float(rng.choice([1e-6, 1e-5])), bool(rng.integers(0, 2))))
+    return cases
+
+
+def suite_values(mesh):
+    """Every case in one jitted program, then each output against numpy."""
+    rng = np.random.default_rng(SEED + 11)
+    cases = random_cases(rng)
+    inputs = []
+    for shape, dt, eps, with_residual in cases:
+        dtype = FLOAT_DTYPES[dt]
+        x = random_normal(rng, shape, dtype, scale=3.0)
+        gamma = random_normal(rng, shape[-1:], dtype)
+        residual = random_normal(rng, shape, dtype) if with_residual else None
+        inputs.append((x, gamma, residual))
+
+    def program(*flat):
+        outs, it = [], iter(flat)
+        for (shape, dt, eps, with_residual) in cases:
+            x, gamma = next(it), next(it)
+            residual = next(it) if with_residual else None
+            outs.append(jax_ar.rms_norm(x, gamma, eps=eps, residual=residual))
+        return outs
+
+    flat = [a for case in inputs for a in case if a is not None]
+    results = jax.jit(program)(*flat)
+    for (shape, dt, eps, with_residual), (x, gamma, residual), result in zip(cases, inputs, results):
+        what = f"rms_norm {dt}{shape} eps={eps} residual={with_residual}"
+        want_out, want_residual = numpy_rms_norm(x, gamma, eps, residual)
+        if with_residual:
+            out, residual_out = (np.asarray(r) for r in result)
+            assert_equal_nan_aware(residual_out, want_residual, what + " residual_out")
+        else:
+            out = np.asarray(result)
+        assert out.dtype == x.dtype and out.shape == x.shape, (what, out.dtype, out.shape)
+        assert_norm_close(out, want_out, what)
+    # Eager calls (outside jit) and special values: a NaN poisons only its
+    # row; inf makes its row NaN except where the norm is well defined.
+    x = np.ones((3, 64), np.float32)
+    x[1, 5] = np.nan
+    x[2] *= 1e-20  # tiny rows are scaled back up, not flushed
+    gamma = np.linspace(-2, 2, 64).astype(np.float32)
+    out = np.asarray(jax_ar.rms_norm(x, gamma, eps=1e-30))
+    assert_norm_close(out, norm_float64(x, gamma, 1e-30), "specials (eager)")
+    log(f"values: {len(cases)} cases ok")
+
+
+def suite_sharded(mesh):
+    """Plain jit on NamedSharding arrays: rows keep their sharding, results
+    are right whatever the sharding of the hidden dimension."""
+    rng = np.random.default_rng(SEED + 12)
+    n = mesh.devices.size
+    rows, hidden = 4 * n, 256
+    dtype = FLOAT_DTYPES["bfloat16"]
+    x = random_normal(rng, (rows, hidden), dtype)
+    residual = random_normal(rng, (rows, hidden), dtype)
+    gamma = random_normal(rng, (hidden,), dtype)
+    want_out, want_residual = numpy_rms_norm(x, gamma, 1e-6, residual)
+    axes = mesh.axis_names
+    specs = [P(axes), P(None, axes[-1]), P()]
+    if len(axes) == 2:
+        specs += [P(axes[0]), P(axes[0], axes[-1])]
+    f = jax.jit(lambda a, b, c: jax_ar.rms_norm(a, c, residual=b))
+    for spec in specs:
+        xs, rs = global_array(x, mesh, spec), global_array(residual, mesh, spec)
+        g = global_array(gamma, mesh, P())
+        out, residual_out = f(xs, rs, g)
+        for result in (out, residual_out):
+            assert isinstance(result.sharding, NamedSharding), result.sharding
+            got_rows = tuple(result.sharding.spec)[:1] or (None,)
+            assert got_rows == (tuple(spec)[:1] or (None,)), \
+                f"rows of {spec} came back as {result.sharding.spec}"
+        for device, index, data in local_shards(out):
+            assert_norm_close(data, want_out[index], f"sharded {spec} out on {device}")
+        for device, index, data in local_shards(residual_out):
+            assert_equal_nan_aware(data, want_residual[index], f"sharded {spec} residual_out")
+        # With the result's sharding fixed to the rows' own, it is kept.
+        row_spec = P(*tuple(spec)[:1])
+        g_fixed = jax.jit(lambda a, c: jax_ar.rms_norm(a, c),
+                          out_shardings=NamedSharding(mesh, row_spec))
+        out = g_fixed(xs, g)
+        assert out.sharding.is_equivalent_to(NamedSharding(mesh, row_spec), 2), out.sharding
+        for device, index, data in local_shards(out):
+            assert_norm_close(data, norm_float64(x, gamma, 1e-6)[index], f"rows {spec}")
+    # The kernel runs once per shard of rows: no all-gather of x when only
+    # rows are sharded.
+    hlo = f.lower(global_array(x, mesh, P(axes)), global_array(residual, mesh, P(axes)),
+                  global_array(gamma, mesh, P())).compile().as_text()
+    assert "jax_ar_add_rms_norm" in hlo or jax.devices()[0].platform != "cpu", hlo[-2000:]
+    if n > 1:
+        assert "all-gather" not in hlo, "rows sharded: nothing to gather"
+    log("sharded: ok")
+
+
+def suite_shard_map(mesh):
+    rng = np.random.default_rng(SEED + 13)
+    n = mesh.devices.size
+    x = random_normal(rng, (2 * n, 512), np.float32)
+    residual = random_normal(rng, (2 * n, 512), np.float32)
+    gamma = random_normal(rng, (512,), np.float32)
+    axes = mesh.axis_names
+    f = jax.jit(jax.shard_map(lambda a, b, c: jax_ar.rms_norm(a, c, eps=1e-5, residual=b),
+                              mesh=mesh, in_specs=(P(axes), P(axes), P()),
+                              out_specs=(P(axes), P(axes))))
+    out, residual_out = f(global_array(x, mesh, P(axes)), global_array(residual, mesh, P(axes)),
+                          global_array(gamma, mesh, P()))
+    want_out, want_residual = numpy_rms_norm(x, gamma, 1e-5, residual)
+    for device, index, data in local_shards(out):
+        assert_norm_close(data, want_out[index], f"shard_map out on {device}")
+    for device, index, data in local_shards(residual_out):
+        assert_equal_nan_aware(data, want_residual[index], f"shard_map residual_out on {device}")
+    log("shard_map: ok")
+
+
+def jnp_rms_norm(x, gamma, eps, residual=None):
+    """The plain jnp formula the derivatives are checked against."""
+    f32 = jnp.float32
+    v = x.astype(f32)
+    residual_out = None
+    if residual is not None:
+        residual_out = (v + residual.astype(f32)).astype(x.dtype)
+        v = residual_out.astype(f32)
+    out = (v * jax.lax.rsqrt(jnp.mean(v * v, -1, keepdims=True) + eps) * gamma.astype(f32))
+    out = out.astype(x.dtype)
+    return out if residual is None else (out, residual_out)
+
+
+def suite_grad(mesh):
+    rng = np.random.default_rng(SEED + 14)
+    for dt, rtol, atol in (("float32", 2e-5, 2e-6), ("bfloat16", 2e-2, 2e-2)):
+        dtype = FLOAT_DTYPES[dt]
+        x = jnp.asarray(random_normal(rng, (6, 256), dtype, scale=2.0))
+        residual = jnp.asarray(random_normal(rng, (6, 256), dtype))
+        gamma = jnp.asarray(random_normal(rng, (256,), dtype))
+        weights = jnp.asarray(random_normal(rng, (6, 256), np.float32))
+
+        def loss(norm, a, b, c):
+            out, residual_out = norm(a, c, 1e-5, b)
+            return (jnp.sum(jnp.sin(out.astype(jnp.float32)) * weights)
+                    + jnp.sum(residual_out.astype(jnp.float32) ** 2))
+
+        ours = lambda a, c, eps, b: jax_ar.rms_norm(a, c, eps=eps, residual=b)
+        got = jax.jit(jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2)))(x, residual, gamma)
+        want = jax.grad(lambda *a: loss(jnp_rms_norm, *a), argnums=(0, 1, 2))(x, residual, gamma)
+        for name, g, w in zip(("x", "residual", "gamma"), got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape, (name, g.dtype, w.dtype)
+            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                       rtol=rtol, atol=atol * float(jnp.abs(w).max()),
+                                       err_msg=f"grad {dt} wrt {name}")
+        # Without a residual, and forward mode.
+        tangent = (jnp.asarray(random_normal(rng, (6, 256), dtype)),
+                   jnp.asarray(random_normal(rng, (256,), dtype)))
+        got = jax.jvp(lambda a, c: jax_ar.rms_norm(a, c), (x, gamma), tangent)
+        want = jax.jvp(lambda a, c: jnp_rms_norm(a, c, 1e-6), (x, gamma), tangent)
+        np.testing.assert_allclose(np.asarray(got[1], np.float32), np.asarray(want[1], np.float32),
+                                   rtol=rtol, atol=atol * float(jnp.abs(want[1]).max()),
+                                   err_msg=f"jvp {dt}")
+    # Inside shard_map too.
+    axes = mesh.axis_names
+    n = mesh.devices.size
+    x = random_normal(rng, (2 * n, 128), np.float32)
+    gamma = random_normal(rng, (128,), np.float32)
+    def per_shard(norm):
+        def body(a, c):
+            return jax.grad(lambda u, w: jnp.sum(jnp.cos(norm(u, w))), argnums=(0, 1))(a, c)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(axes), P()),
+                                     out_specs=(P(axes), P(axes)), check_vma=False))
+    got = per_shard(lambda u, w: jax_ar.rms_norm(u, w))(global_array(x, mesh, P(axes)),
+                                                        global_array(gamma, mesh, P()))
+    want = per_shard(lambda u, w: jnp_rms_norm(u, w, 1e-6))(global_array(x, mesh, P(axes)),
+                                                            global_array(gamma, mesh, P()))
+    for g, w in zip(got, want):
+        for (device, index, data), (_, _, ref) in zip(local_shards(g), local_shards(w)):
+            np.testing.assert_allclose(data, ref, rtol=2e-5, atol=2e-6,
+                                       err_msg=f"shard_map grad on {device}")
+    log("grad: ok")
+
+
+def suite_vmap(mesh):
+    rng = np.random.default_rng(SEED + 15)
+    dtype = FLOAT_DTYPES["float16"]
+    x = random_normal(rng, (3, 4, 256), dtype)
+    residual = random_normal(rng, (4, 256), dtype)  # shared by the batch
+    gammas = random_normal(rng, (3, 256), dtype)
+    out, residual_out = jax.jit(jax.vmap(
+        lambda a: jax_ar.rms_norm(a, jnp.asarray(gammas[0]), residual=jnp.asarray(residual))))(x)
+    for b in range(3):
+        want_out, want_residual = numpy_rms_norm(x[b], gammas[0], 1e-6, residual)
+        assert_equal_nan_aware(np.asarray(residual_out[b]), want_residual, f"vmap residual_out {b}")
+        assert_norm_close(np.asarray(out[b]), want_out, f"vmap out {b}")
+    # A batch of gammas as well (served by XLA's ops).
+    out = jax.jit(jax.vmap(lambda a, c: jax_ar.rms_norm(a, c), in_axes=(1, 0)))(
+        np.swapaxes(x, 0, 1), gammas)
+    for b in range(3):
+        assert_norm_close(np.asarray(out[b]), norm_float64(x[b], gammas[b], 1e-6), f"vmap gamma {b}")
+    log("vmap: ok")
+
+
+def suite_bad_input(mesh):
+    x = jnp.ones((2, 64), jnp.float32)
+    g = jnp.ones((64,), jnp.float32)
+    norm = jax_ar.rms_norm
+    expect_error(ValueError, "gamma has shape (32,)", lambda: norm(x, jnp.ones((32,))))
+    expect_error(ValueError, "gamma has shape (2, 64)", lambda: norm(x, jnp.ones((2, 64))))
+    expect_error(ValueError, "residual has shape (3, 64)",
+                 lambda: norm(x, g, residual=jnp.ones((3, 64))))
+    expect_error(TypeError, "residual has dtype bfloat16",
+                 lambda: norm(x, g, residual=x.astype(jnp.bfloat16)))
+    expect_error(TypeError, "gamma has dtype float16", lambda: norm(x, g.astype(jnp.float16)))
+    expect_error(TypeError, "x has dtype int32", lambda: norm(x.astype(jnp.int32), g))
+    expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=0.0))
+    expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=-1e-6))
+    expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=float("nan")))
+    expect_error(TypeError, "eps must be a Python float", lambda: norm(x, g, eps="1e-6"))
+    expect_error(ValueError, "at least one dimension", lambda: norm(jnp.float32(1), g[:1]))
+    expect_error(ValueError, "gamma has shape", lambda: jax.jit(norm)(x, g[:3]))
+    log("bad_input: ok")
+
+
+SUITES = suites_in(globals())
+
+
+def main(argv):
+    devices = np.array(jax.devices())
+    shape = (2, devices.size // 2) if devices.size % 2 == 0 and devices.size > 2 else (devices.size,)
+    mesh = jax.make_mesh(shape, ("dp", "tp")[-len(shape):] if len(shape) == 2 else ("dp",))
+    log(f"{jax.device_count()} devices, {jax.process_count()} processes, mesh {mesh.shape}")
+    run_suites(SUITES, argv or list(SUITES), mesh)
+
+
+if __name__ == "__main__":
+    main_guard(main)
