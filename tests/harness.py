@@ -28,6 +28,21 @@ PLATFORM = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu")
 ON_GPU = PLATFORM == "gpu"
 
 
+def runs_on(*platforms: str, reason: str | None = None):
+    """A test file's `pytestmark`: the platforms ("cpu", "gpu") its tests run
+    on. A file that does not run on one of them says why (`reason`), and is
+    skipped there with it. tests/test_platforms.py checks that every test
+    file says this, so a new file cannot silently miss the GPU run."""
+    unknown = set(platforms) - {"cpu", "gpu"}
+    if not platforms or unknown:
+        raise ValueError(f"runs_on: platforms must be 'cpu' and/or 'gpu', got {platforms}")
+    if len(set(platforms)) < 2 and not reason:
+        raise ValueError("runs_on: a file that runs on one platform only must say why (reason=)")
+    return [pytest.mark.platforms(*platforms),
+            pytest.mark.skipif(PLATFORM not in platforms,
+                               reason=f"{'/'.join(platforms)} only: {reason}")]
+
+
 def run_ranks(worker: str, *args, processes: int = 2, devices_per_process: int = 1,
               timeout_s: float = 300.0, env: dict | None = None, expect_ok: bool = True):
     """Runs tests/workers/<worker> in `processes` ranks with

@@ -15,7 +15,10 @@ import time
 
 import pytest
 
-from harness import ON_GPU, format_failure, run_ranks
+from harness import ON_GPU, format_failure, run_ranks, runs_on
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 # Short deadlines keep these tests fast; scenarios that must not wait for a
 # deadline set a long one themselves and check that they did not.

@@ -7,7 +7,10 @@ See tests/workers/comm_lifecycle.py for the checks made in every rank.
 """
 import os
 
-from harness import ON_GPU, format_failure, run_ranks
+from harness import ON_GPU, format_failure, run_ranks, runs_on
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 CYCLES = 100
 

@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from harness import ON_GPU, check_suite, run_ranks
+from harness import check_suite, run_ranks, runs_on
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not ON_GPU, reason="needs the GPU machine (JAX_AR_TEST_PLATFORM=gpu)")]
+pytestmark = runs_on("gpu", reason="these are checks of the CUDA kernels alone")
+
 
 COMMAND_BUFFERS_OFF = {
     "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip(),

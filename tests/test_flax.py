@@ -3,10 +3,12 @@ ways, outputs for each dtype combination) and AllReduceRMSNorm inside
 shard_map, in one launch of two ranks (workers/flax_modules.py)."""
 import pytest
 
-from harness import check_suite
+from harness import check_suite, runs_on
 from norm_skips import fused_target_missing
 
 pytest.importorskip("flax")
+
+pytestmark = runs_on("cpu", "gpu")
 
 WORKER = "flax_modules.py"
 

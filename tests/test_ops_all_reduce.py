@@ -7,7 +7,10 @@ gradients against psum, vmap, repeated calls of changing sizes, bad input.
 """
 import pytest
 
-from harness import ON_GPU, check_suite, suites_of
+from harness import ON_GPU, check_suite, runs_on, suites_of
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 WORKER = "ops_all_reduce.py"
 CONFIGS = [  # (processes, devices per process)

@@ -8,8 +8,10 @@ workers/ops_all_reduce_rms_norm.py once; each suite is a test id.
 """
 import pytest
 
-from harness import ON_GPU, check_suite, suites_of
+from harness import ON_GPU, check_suite, runs_on, suites_of
 from norm_skips import fused_target_missing
+
+pytestmark = runs_on("cpu", "gpu")
 
 WORKER = "ops_all_reduce_rms_norm.py"
 CONFIGS = [(2, 1), (2, 2), (2, 4)]  # (processes, devices per process): 2, 4, 8 ranks

@@ -4,7 +4,10 @@ run in launched ranks, so a crash fails the test with the case it hit).
 
 See tests/workers/ops_fuzz.py for the cases.
 """
-from harness import ON_GPU, run_ranks
+from harness import ON_GPU, run_ranks, runs_on
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 # Each case compiles a program; GPU compiles are slower, so fewer random ones.
 RANDOM_CASES = 20 if ON_GPU else 100

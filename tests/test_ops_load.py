@@ -7,7 +7,10 @@ See tests/workers/ops_load.py.
 """
 import pytest
 
-from harness import ON_GPU, run_ranks
+from harness import ON_GPU, run_ranks, runs_on
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 ITERATIONS = 2000  # x 5 calls per iteration = 10,000 all-reduces
 

@@ -8,7 +8,10 @@ reduce_scatter / all_gather over the intra-host axis, bad input.
 """
 import pytest
 
-from harness import ON_GPU, check_suite, suites_of
+from harness import ON_GPU, check_suite, runs_on, suites_of
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 WORKER = "ops_multi_axis.py"
 CONFIGS = [  # (processes, devices per process, processes per host)

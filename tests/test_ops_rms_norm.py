@@ -8,7 +8,10 @@ kernels.
 """
 import pytest
 
-from harness import ON_GPU, check_suite, suites_of
+from harness import ON_GPU, check_suite, runs_on, suites_of
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 WORKER = "ops_rms_norm.py"
 CONFIGS = [(1, 1)] if ON_GPU else [(2, 2)]  # (processes, devices per process)

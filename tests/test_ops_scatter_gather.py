@@ -8,7 +8,10 @@ transpose), vmap, pytrees, bad input.
 """
 import pytest
 
-from harness import ON_GPU, check_suite, suites_of
+from harness import ON_GPU, check_suite, runs_on, suites_of
+
+pytestmark = runs_on("cpu", "gpu")
+
 
 WORKER = "ops_scatter_gather.py"
 CONFIGS = [  # (processes, devices per process)

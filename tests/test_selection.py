@@ -9,12 +9,15 @@ import os
 import numpy as np
 import pytest
 
-from harness import ON_GPU, run_ranks
+from harness import ON_GPU, run_ranks, runs_on
+
 
 from jax_ar import _native, selection
 from jax_ar.selection import table as _table
 from jax_ar import __version__ as VERSION
 from jax_ar.tools.tune import fit_curve
+
+pytestmark = runs_on("cpu", "gpu")
 
 SIZES = [1 << k for k in range(0, 31)]  # 1 B .. 1 GiB
 

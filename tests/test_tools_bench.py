@@ -8,12 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from harness import ON_GPU
+from harness import ON_GPU, runs_on
+
 
 import jax_ar
 from jax_ar.tools import bench_data as data
 from jax_ar.selection import table as _table
 from jax_ar import __version__ as VERSION
+
+pytestmark = runs_on("cpu", "gpu")
 
 PLATFORM = ["--platform", "gpu" if ON_GPU else "cpu"]
 

@@ -4,9 +4,12 @@ import subprocess
 import sys
 import time
 
-from harness import WORKERS
-
 from jax_ar.tools.launch import launch
+
+from harness import WORKERS, runs_on
+
+pytestmark = runs_on("cpu", reason="the launcher does the same for either platform; these tests "
+                                 "drive it with CPU ranks, and every GPU test runs through it")
 
 PROBE = str(WORKERS / "tools_launch_probe.py")
 
