@@ -173,11 +173,15 @@ def gather_rows(x, axis_name, comm, invariant):
     """[world, ...]: row j is rank j's `x`. x must already vary over the
     axis when check_vma is on."""
     vma = _compat.check_vma_enabled()
-    if x.size == 0:  # nothing to exchange: an empty array of the result's type
-        if not (invariant and vma):
-            return jnp.broadcast_to(x[None], (comm.world_size,) + x.shape)
+    if x.size == 0:
+        # Nothing to exchange: a constant of the result's type. Not computed
+        # from x, so that no zero-size parameter stays alive in the program:
+        # XLA:GPU's compiler crashed on such programs (docs/gpu.md).
         out = jnp.zeros((comm.world_size,) + x.shape, x.dtype)
-        varying = tuple(sorted(_compat.varying_axes(jax.typeof(x)) - {axis_name}))
+        varying = _compat.varying_axes(jax.typeof(x))
+        if invariant and vma:
+            varying = varying - {axis_name}
+        varying = tuple(sorted(varying))
         return _compat.pcast_to_varying(out, varying) if varying else out
     return all_gather_p.bind(x, axis_name=axis_name, comm_id=comm.comm_id,
                              world_size=comm.world_size, vma=vma, invariant=invariant and vma)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax.extend.core import Literal
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
@@ -280,6 +281,37 @@ def suite_pytree(mesh, comm):
               f"pytree reduce_scatter leaf {i}")
         check(results[f"all_gather/{i}"], [np.stack(parts)] * n, f"pytree all_gather leaf {i}")
     log("pytree: ok")
+
+
+def suite_empty_leaves(mesh, comm):
+    """Empty leaves give constants that do not read their input: a zero-size
+    parameter kept alive in a program crashed XLA:GPU's compiler (the pytree
+    suite above killed every rank there; docs/gpu.md)."""
+    n = comm.world_size
+    forms = {
+        "reduce_scatter": lambda w: jax_ar.reduce_scatter(w, "tp"),
+        "reduce_scatter tiled": lambda w: jax_ar.reduce_scatter(w, "tp", tiled=True),
+        "all_gather": lambda w: jax_ar.all_gather(w, "tp"),
+        "all_gather tiled": lambda w: jax_ar.all_gather(w, "tp", tiled=True),
+        "all_gather invarying": lambda w: jax_ar.all_gather(w, "tp", to="invarying"),
+    }
+    empty = global_array(np.zeros((n * n, 0), np.float32), mesh, P("tp"))
+    for name, fn in forms.items():
+        out = P() if name.endswith("invarying") else P("tp")
+        program = jax.shard_map(fn, mesh=mesh, in_specs=P("tp"), out_specs=out)
+        jaxpr = jax.make_jaxpr(program)(empty).jaxpr
+        inner = next(e for e in jaxpr.eqns if e.primitive.name == "shard_map").params["jaxpr"]
+        assert not _depends_on_inputs(inner), f"{name} of an empty leaf reads its input:\n{inner}"
+    log("empty_leaves: ok")
+
+
+def _depends_on_inputs(jaxpr) -> bool:
+    """Whether any output of `jaxpr` is computed from one of its inputs."""
+    live = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(v in live for v in eqn.invars if not isinstance(v, Literal)):
+            live.update(eqn.outvars)
+    return any(v in live for v in jaxpr.outvars if not isinstance(v, Literal))
 
 
 def suite_bad_input(mesh, comm):
