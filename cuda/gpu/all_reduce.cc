@@ -80,6 +80,36 @@ bool ToDtype(ffi::DataType t, Dtype& d) {
   }
 }
 
+// Two-shot carries a call of at most this many bytes over LL packets (twice
+// the bytes of plain data, but no fence and no flag round per block):
+// latency counts more than bandwidth there (docs/gpu.md has the figures).
+constexpr uint64_t kTwoShotLLMaxBytes = 1 << 20;
+
+KernelPlan PlanKernel(const RankState& state, AllReduceKernel kernel) {
+  switch (kernel) {
+    case AllReduceKernel::kOneShot: {
+      const uint64_t slot = SlotBytes(state, Algorithm::kOneShot);
+      return {kernel, slot, AlignDown(slot / 2)};  // 8 data bytes per 16
+    }
+    case AllReduceKernel::kTwoShotLL: {
+      // Two phases of `world` slots in an LL half; C data bytes take 2 C.
+      const uint64_t slot = AlignDown(state.layout().ll_half / (2 * state.world));
+      return {kernel, slot, AlignDown(slot / 2) * state.world};
+    }
+    case AllReduceKernel::kTwoShotPlain:
+      break;
+  }
+  const uint64_t slot = SlotBytes(state, Algorithm::kTwoShot);
+  return {AllReduceKernel::kTwoShotPlain, slot, slot * state.world};
+}
+
+KernelPlan PlanKernel(const RankState& state, Algorithm algorithm, uint64_t total) {
+  if (algorithm == Algorithm::kOneShot) return PlanKernel(state, AllReduceKernel::kOneShot);
+  const KernelPlan ll = PlanKernel(state, AllReduceKernel::kTwoShotLL);
+  if (total <= kTwoShotLLMaxBytes && ll.capacity > 0) return ll;
+  return PlanKernel(state, AllReduceKernel::kTwoShotPlain);
+}
+
 namespace {
 
 std::atomic<uint64_t> handler_calls{0};
@@ -135,24 +165,25 @@ uint64_t CallSignature(const std::vector<Piece>& pieces, ReduceOp op, Algorithm 
 
 bool IsAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; }
 
+int LLTwoShotBlocks(uint64_t chunk_bytes, int world) {
+  const uint64_t blocks = (chunk_bytes / 16 + kOneShotThreads - 1) / kOneShotThreads;
+  return static_cast<int>(std::clamp<uint64_t>(blocks, 1, BlockCap(world)));
+}
+
 ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
-                        uint64_t total, ReduceOp op, Algorithm algorithm) {
-  const uint64_t slot = SlotBytes(state, algorithm);
-  // One-shot packets carry 8 data bytes in 16; two-shot chunks fill a slot.
-  const uint64_t capacity =
-      algorithm == Algorithm::kOneShot ? AlignDown(slot / 2) : slot * state.world;
-  if (capacity == 0) {
+                        uint64_t total, ReduceOp op, Algorithm algorithm, const KernelPlan& kernel) {
+  if (kernel.capacity == 0) {
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }
   const uint64_t signature = CallSignature(pieces, op, algorithm, state.world);
   LaunchArgs a{};
   FillProtocolArgs(state, a);
-  a.slot_bytes = slot;
+  a.slot_bytes = kernel.slot_bytes;
   a.op = static_cast<int32_t>(op);
 
   size_t first = 0;  // first piece overlapping the launch
   for (uint64_t begin = 0, index = 0; begin < total; ++index) {
-    uint64_t end = std::min(total, begin + capacity);
+    uint64_t end = std::min(total, begin + kernel.capacity);
     while (pieces[first].packed_offset + AlignUp(pieces[first].bytes) <= begin) ++first;
     a.num_segments = 0;
     for (size_t i = first; i < pieces.size() && pieces[i].packed_offset < end; ++i) {
@@ -173,16 +204,25 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
     }
     a.bytes = end - begin;
     a.signature = HashMix(HashMix(signature, index), a.bytes);
-    int blocks;
-    if (algorithm == Algorithm::kOneShot) {
-      blocks = OneShotBlocks(a.bytes, state.world);
-    } else {
-      const TwoShotPlan plan = PlanTwoShot(a.bytes, state.world, kTwoShotThreads);
-      a.chunk_bytes = plan.chunk_bytes;
-      a.vectors_per_block = plan.vectors_per_block;
-      blocks = plan.blocks;
+    int blocks = 1;
+    switch (kernel.kernel) {
+      case AllReduceKernel::kOneShot:
+        blocks = OneShotBlocks(a.bytes, state.world);
+        break;
+      case AllReduceKernel::kTwoShotLL:
+        // At least one vector per rank: every rank then sends to every peer.
+        a.chunk_bytes = std::max<uint64_t>(kAlign, AlignUp((a.bytes + state.world - 1) / state.world));
+        blocks = LLTwoShotBlocks(a.chunk_bytes, state.world);
+        break;
+      case AllReduceKernel::kTwoShotPlain: {
+        const TwoShotPlan plan = PlanTwoShot(a.bytes, state.world, kTwoShotThreads);
+        a.chunk_bytes = plan.chunk_bytes;
+        a.vectors_per_block = plan.vectors_per_block;
+        blocks = plan.blocks;
+        break;
+      }
     }
-    if (const cudaError_t err = LaunchAllReduce(algorithm, a, blocks, stream); err != cudaSuccess) {
+    if (const cudaError_t err = LaunchAllReduce(kernel.kernel, a, blocks, stream); err != cudaSuccess) {
       const std::string text = std::string("all_reduce kernel launch failed: ") + cudaGetErrorString(err);
       state.SetHostFailure(text);
       return Internal(text);
@@ -191,6 +231,28 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
   }
   return ffi::Error::Success();
 }
+
+}  // namespace
+
+ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
+                       ffi::AnyBuffer& out, AllReduceKernel kernel) {
+  Piece p;
+  if (!ToDtype(in.element_type(), p.dtype)) {
+    return InvalidArgument(std::string("protocol_probe does not support dtype ") +
+                           DtypeName(in.element_type()));
+  }
+  p.in = static_cast<const std::byte*>(in.untyped_data());
+  p.out = static_cast<std::byte*>(out.untyped_data());
+  p.bytes = in.size_bytes();
+  p.packed_offset = 0;
+  if (p.bytes == 0) return ffi::Error::Success();
+  const Algorithm algorithm =
+      kernel == AllReduceKernel::kOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot;
+  return RunAllReduce(stream, state, {p}, AlignUp(p.bytes), ReduceOp::kSum, algorithm,
+                      PlanKernel(state, kernel));
+}
+
+namespace {
 
 ffi::Error AllReduceHandler(cudaStream_t stream,
                             int32_t device_ordinal,   // XLA's ordinal of this GPU
@@ -213,7 +275,8 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
   if (auto e = PiecesFromBuffers(args, rets, pieces, total); e.failure()) return e;
   if (total == 0) return ffi::Error::Success();
   return RunAllReduce(stream, *state, pieces, total, static_cast<ReduceOp>(op),
-                      static_cast<Algorithm>(algorithm));
+                      static_cast<Algorithm>(algorithm),
+                      PlanKernel(*state, static_cast<Algorithm>(algorithm), total));
 }
 
 }  // namespace

@@ -1,29 +1,34 @@
-// The all-reduce kernels: one-shot over LL packets and two-shot over flags.
+// The all-reduce kernels: one-shot and two-shot over LL packets, and two-shot
+// over plain data behind flags for large messages.
 //
-// one-shot  Each thread owns 16-byte vectors of the message. For each it
-//           sends its input to every peer as two LL packets (slot `rank` of
-//           the peer's data half), then reads every rank's packets from its
-//           own workspace, spinning until their flags equal the launch's
-//           flag, and reduces in rank order. No barrier, no separate flag:
-//           the data carries its own readiness.
-// two-shot  The message is cut into `world` chunks; rank j reduces chunk j.
-//           Phase 0 pushes each chunk to its owner, phase 1 pushes each
-//           reduced chunk to everybody. Data goes with plain 16-byte stores;
-//           each block then raises one flag per peer (release) and waits for
-//           the same block of every peer (acquire). The partition into
-//           blocks depends only on sizes and world, so block b of every rank
-//           covers the same vectors.
+// one-shot      Each thread owns 16-byte vectors of the message. For each it
+//               sends its input to every peer as two LL packets (slot `rank`
+//               of the peer's LL half), then awaits every rank's packets at
+//               once and reduces in rank order. No barrier, no separate
+//               flag: the data carries its own readiness.
+// two-shot, LL  The message is cut into `world` chunks; rank j reduces chunk
+//               j. Each thread owns vector v of every chunk: it sends vector
+//               v of chunk j to rank j, awaits vector v of its own chunk from
+//               every peer, reduces, sends the result to every peer and
+//               awaits their reduced vectors v. Half the bytes of one-shot
+//               per rank and no barrier either: what a latency-bound message
+//               over many ranks wants.
+// two-shot,     The same cut with plain 16-byte stores; each block then
+//   plain       raises one flag per peer (release) and waits for the same
+//               block of every peer (acquire). Half the bytes of LL two-shot:
+//               for messages where bandwidth, not latency, counts.
 //
 // Reuse of the data halves: launch n writes half n % 2 of its region (LL for
-// one-shot, plain for two-shot; see layout.h). A rank that starts
-// launch n + 2 has received every peer's data of launch n + 1, so every
-// peer has finished launch n (kernels of a stream run in order) and no
-// longer reads that half.
+// one-shot and LL two-shot, plain for plain two-shot; see layout.h). A rank
+// that starts launch n + 2 has received data of launch n + 1 from every peer
+// (every rank sends something to every peer in every launch), so every peer
+// has finished launch n (kernels of a stream run in order) and no longer
+// reads that half.
 #include <cuda_runtime.h>
 
 #include "gpu/kernels.h"
-#include "gpu/launch_protocol.cuh"
 #include "gpu/numeric.cuh"
+#include "gpu/packets.cuh"
 
 namespace jax_ar::gpu {
 
@@ -32,12 +37,89 @@ __device__ LocalControl g_local_controls[kMaxLiveSlots];
 
 namespace {
 
-__device__ __forceinline__ std::byte* TwoShotSlot(const LaunchArgs& a, int owner, int parity,
-                                                  int phase, int sender) {
-  return PlainHalf(a, owner, parity) + (phase * a.world + sender) * a.slot_bytes;
+// Block 0's threads 1..world-1 (but not `rank`) each check one peer's call
+// header: thread t checks rank t's.
+__device__ __forceinline__ int HeaderPeerOfThread(const ProtocolArgs& a) {
+  const int t = static_cast<int>(threadIdx.x);
+  return blockIdx.x == 0 && t < a.world && t != a.rank ? t : -1;
 }
 
-__global__ void __launch_bounds__(kOneShotThreads) OneShotKernel(const __grid_constant__ LaunchArgs a) {
+template <int kSegments>
+__device__ __forceinline__ uint4 LoadPacked(const AllReduceArgs<kSegments>& a, uint64_t x,
+                                            int& hint) {
+  if (x >= a.bytes) return make_uint4(0, 0, 0, 0);
+  hint = FindSegment(a, x, hint);
+  return LoadSegment(a.segments[hint], x - a.segments[hint].offset);
+}
+
+template <int kSegments>
+__device__ __forceinline__ void StorePacked(const AllReduceArgs<kSegments>& a, uint64_t x,
+                                            uint4 v, int& hint) {
+  if (x >= a.bytes) return;
+  hint = FindSegment(a, x, hint);
+  StoreSegment(a.segments[hint], x - a.segments[hint].offset, v);
+}
+
+// The reduction in rank order of `mine` (this rank's) and got[s] (rank s's).
+template <int kMaxWorld>
+__device__ __forceinline__ uint4 ReduceInRankOrder(const ProtocolArgs& a, int op, Dtype dtype,
+                                                   uint4 mine, const uint4 (&got)[kMaxWorld]) {
+  uint4 result;
+  DispatchDtype(dtype, [&](auto tag) {
+    result = ReduceVector<decltype(tag)::kDtype, kMaxWorld>(
+        op, a.world, [&](int s) { return s == a.rank ? mine : got[s]; });
+  });
+  return result;
+}
+
+template <int kSegments, int kMaxWorld>
+__global__ void __launch_bounds__(kOneShotThreads, 2)
+    OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
+  const uint64_t vectors = a.bytes / 16;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t v = blockIdx.x * blockDim.x + threadIdx.x;
+  // The input does not depend on the launch number: its load is issued
+  // before BeginLaunch's, so the two round trips overlap.
+  int hint = 0;
+  uint4 mine = LoadPacked(a, 16 * v, hint);
+  const LaunchContext ctx = BeginLaunch(a);
+  if (!ctx.live) {
+    FillOutputs(a);
+    return;
+  }
+  SendHeader(a, ctx.launch);
+  const uint32_t flag = LaunchFlag(ctx.launch);
+  const int parity = static_cast<int>(ctx.launch & 1);
+  const std::byte* mailbox = LLHalf(a, a.rank, parity);
+  Waiter waiter(a, ctx.launch);
+  int header_peer = HeaderPeerOfThread(a);
+  bool ok = true;
+  for (; v < vectors && ok; v += stride) {
+    if (v >= stride) mine = LoadPacked(a, 16 * v, hint);
+    SendPacketPair(a, parity, a.slot_bytes, 2 * v, mine, flag);
+    uint4 got[kMaxWorld];
+    ok = AwaitPeerPackets(a, mailbox, a.slot_bytes, 2 * v, flag, waiter, header_peer, got);
+    header_peer = -1;
+    if (ok) {
+      const SegmentArg& seg = a.segments[hint];
+      StorePacked(a, 16 * v, ReduceInRankOrder(a, a.op, seg.dtype, mine, got), hint);
+    }
+  }
+  if (ok && header_peer >= 0) CheckHeader(a, waiter);  // a thread that owned no vector
+  FinishLaunch(a, ctx);
+}
+
+// LL two-shot slots in rank `owner`'s LL half: phase 0 (senders' parts of
+// the owner's chunk), then phase 1 (senders' reduced chunks), `world` slots
+// of slot_bytes (two packets per 16 data bytes) each.
+__device__ __forceinline__ std::byte* TwoShotLLPhase(const ProtocolArgs& a, uint64_t slot_bytes,
+                                                     int owner, int parity, int phase) {
+  return LLHalf(a, owner, parity) + static_cast<uint64_t>(phase) * a.world * slot_bytes;
+}
+
+template <int kSegments, int kMaxWorld>
+__global__ void __launch_bounds__(kOneShotThreads, 2)
+    TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) {
     FillOutputs(a);
@@ -47,29 +129,58 @@ __global__ void __launch_bounds__(kOneShotThreads) OneShotKernel(const __grid_co
   const uint32_t flag = LaunchFlag(ctx.launch);
   const int parity = static_cast<int>(ctx.launch & 1);
   Waiter waiter(a, ctx.launch);
-  bool ok = true;
-  const uint64_t vectors = a.bytes / 16;
+  const uint64_t chunk = a.chunk_bytes;  // >= 16: every rank sends to every peer
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  int hint = 0;
-  for (uint64_t v = blockIdx.x * blockDim.x + threadIdx.x; v < vectors && ok; v += stride) {
-    const uint64_t x = v * 16;
-    hint = FindSegment(a, x, hint);
-    const SegmentArg& seg = a.segments[hint];
-    const uint4 mine = LoadSegment(seg, x - seg.offset);
-    SendPacketPair(a, parity, a.slot_bytes, 2 * v, mine, flag);
-    uint4 result;
-    DispatchDtype(seg.dtype, [&](auto tag) {
-      result = ReduceVector<decltype(tag)::kDtype>(a.op, a.world, [&](int s) {
-        return PacketPairFrom(a, s, mine, parity, a.slot_bytes, 2 * v, flag, waiter, ok);
-      });
-    });
-    if (ok) StoreSegment(seg, x - seg.offset, result);
+  int header_peer = HeaderPeerOfThread(a);
+  bool ok = true;
+  for (uint64_t v = blockIdx.x * blockDim.x + threadIdx.x; v < chunk / 16 && ok; v += stride) {
+    // Phase 0: vector v of chunk j goes to rank j.
+    int hint = 0;
+#pragma unroll
+    for (int step = 1; step < kMaxWorld; ++step) {
+      if (step < a.world) {
+        const int peer = (a.rank + step) % a.world;
+        const uint4 part = LoadPacked(a, peer * chunk + 16 * v, hint);
+        auto* dst = reinterpret_cast<LLPacket*>(TwoShotLLPhase(a, a.slot_bytes, peer, parity, 0) +
+                                                a.rank * a.slot_bytes) + 2 * v;
+        StoreVolatile16(dst, make_uint4(part.x, flag, part.y, flag));
+        StoreVolatile16(dst + 1, make_uint4(part.z, flag, part.w, flag));
+      }
+    }
+    const uint64_t mine_at = a.rank * chunk + 16 * v;
+    const uint4 mine = LoadPacked(a, mine_at, hint);
+    const Dtype dtype = a.segments[mine_at < a.bytes ? hint : 0].dtype;
+    uint4 got[kMaxWorld];
+    ok = AwaitPeerPackets(a, TwoShotLLPhase(a, a.slot_bytes, a.rank, parity, 0), a.slot_bytes,
+                          2 * v, flag, waiter, header_peer, got);
+    header_peer = -1;
+    if (!ok) break;
+    const uint4 reduced = ReduceInRankOrder(a, a.op, dtype, mine, got);
+    StorePacked(a, mine_at, reduced, hint);
+    // Phase 1: the reduced vector to every peer, theirs into the output.
+    SendPacketPair(a, parity, a.slot_bytes, 2 * v, reduced, flag,
+                   static_cast<uint64_t>(a.world) * a.slot_bytes);  // phase 1's region
+    ok = AwaitPeerPackets(a, TwoShotLLPhase(a, a.slot_bytes, a.rank, parity, 1), a.slot_bytes,
+                          2 * v, flag, waiter, -1, got);
+    if (!ok) break;
+#pragma unroll
+    for (int s = 0; s < kMaxWorld; ++s) {
+      if (s < a.world && s != a.rank) StorePacked(a, s * chunk + 16 * v, got[s], hint);
+    }
   }
-  if (ok) CheckHeader(a, waiter);
+  if (ok && header_peer >= 0) CheckHeader(a, waiter);  // a thread that owned no vector
   FinishLaunch(a, ctx);
 }
 
-__global__ void __launch_bounds__(kTwoShotThreads) TwoShotKernel(const __grid_constant__ LaunchArgs a) {
+template <int kSegments>
+__device__ __forceinline__ std::byte* TwoShotSlot(const AllReduceArgs<kSegments>& a, int owner,
+                                                  int parity, int phase, int sender) {
+  return PlainHalf(a, owner, parity) + (phase * a.world + sender) * a.slot_bytes;
+}
+
+template <int kSegments>
+__global__ void __launch_bounds__(kTwoShotThreads)
+    TwoShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) {
     FillOutputs(a);
@@ -89,9 +200,7 @@ __global__ void __launch_bounds__(kTwoShotThreads) TwoShotKernel(const __grid_co
     std::byte* dst = TwoShotSlot(a, peer, parity, 0, a.rank);
     int hint = 0;
     for (uint64_t v = v_begin + threadIdx.x; v < v_end && base + 16 * v < a.bytes; v += blockDim.x) {
-      const uint64_t x = base + 16 * v;
-      hint = FindSegment(a, x, hint);
-      Store16(dst + 16 * v, LoadSegment(a.segments[hint], x - a.segments[hint].offset));
+      Store16(dst + 16 * v, LoadPacked(a, base + 16 * v, hint));
     }
   }
   SignalPeers(a, 0, ctx.launch);
@@ -104,17 +213,15 @@ __global__ void __launch_bounds__(kTwoShotThreads) TwoShotKernel(const __grid_co
     int hint = 0;
     for (uint64_t v = v_begin + threadIdx.x; v < v_end && base + 16 * v < a.bytes; v += blockDim.x) {
       const uint64_t x = base + 16 * v;
-      hint = FindSegment(a, x, hint);
-      const SegmentArg& seg = a.segments[hint];
-      const uint4 mine = LoadSegment(seg, x - seg.offset);
+      const uint4 mine = LoadPacked(a, x, hint);
       uint4 result;
-      DispatchDtype(seg.dtype, [&](auto tag) {
+      DispatchDtype(a.segments[hint].dtype, [&](auto tag) {
         result = ReduceVector<decltype(tag)::kDtype>(a.op, a.world, [&](int s) {
           if (s == a.rank) return mine;
           return LoadShared16(TwoShotSlot(a, a.rank, parity, 0, s) + 16 * v);
         });
       });
-      StoreSegment(seg, x - seg.offset, result);
+      StorePacked(a, x, result, hint);
       for (int i = 1; i < a.world; ++i) {
         const int peer = (a.rank + i) % a.world;
         Store16(TwoShotSlot(a, peer, parity, 1, a.rank) + 16 * v, result);
@@ -132,9 +239,7 @@ __global__ void __launch_bounds__(kTwoShotThreads) TwoShotKernel(const __grid_co
       const std::byte* src = TwoShotSlot(a, a.rank, parity, 1, owner);
       int hint = 0;
       for (uint64_t v = v_begin + threadIdx.x; v < v_end && base + 16 * v < a.bytes; v += blockDim.x) {
-        const uint64_t x = base + 16 * v;
-        hint = FindSegment(a, x, hint);
-        StoreSegment(a.segments[hint], x - a.segments[hint].offset, LoadShared16(src + 16 * v));
+        StorePacked(a, base + 16 * v, LoadShared16(src + 16 * v), hint);
       }
     }
     CheckHeader(a, waiter);
@@ -183,14 +288,49 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
   result->status = kProbeOk;
 }
 
+template <int kSegments, int kMaxWorld>
+void Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
+            cudaStream_t stream) {
+  switch (kernel) {
+    case AllReduceKernel::kOneShot:
+      OneShotKernel<kSegments, kMaxWorld><<<blocks, kOneShotThreads, 0, stream>>>(args);
+      break;
+    case AllReduceKernel::kTwoShotLL:
+      TwoShotLLKernel<kSegments, kMaxWorld><<<blocks, kOneShotThreads, 0, stream>>>(args);
+      break;
+    case AllReduceKernel::kTwoShotPlain:
+      TwoShotKernel<kSegments><<<blocks, kTwoShotThreads, 0, stream>>>(args);
+      break;
+  }
+}
+
+template <int kSegments>
+void LaunchForWorld(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
+                    cudaStream_t stream) {
+  if (args.world <= kSmallWorld) {
+    Launch<kSegments, kSmallWorld>(kernel, args, blocks, stream);
+  } else {
+    Launch<kSegments, kMaxRanks>(kernel, args, blocks, stream);
+  }
+}
+
 }  // namespace
 
-cudaError_t LaunchAllReduce(Algorithm algorithm, const LaunchArgs& args, int blocks,
+cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
                             cudaStream_t stream) {
-  if (algorithm == Algorithm::kOneShot) {
-    OneShotKernel<<<blocks, kOneShotThreads, 0, stream>>>(args);
+  if (args.num_segments == 1) {
+    AllReduceArgs<1> one;
+    static_cast<ProtocolArgs&>(one) = args;
+    one.bytes = args.bytes;
+    one.slot_bytes = args.slot_bytes;
+    one.chunk_bytes = args.chunk_bytes;
+    one.vectors_per_block = args.vectors_per_block;
+    one.op = args.op;
+    one.num_segments = 1;
+    one.segments[0] = args.segments[0];
+    LaunchForWorld(kernel, one, blocks, stream);
   } else {
-    TwoShotKernel<<<blocks, kTwoShotThreads, 0, stream>>>(args);
+    LaunchForWorld(kernel, args, blocks, stream);
   }
   return cudaGetLastError();
 }
@@ -209,9 +349,18 @@ cudaError_t WriteLocalControl(int slot, const LocalControl& value, cudaStream_t 
 
 cudaError_t LoadKernels() {
   cudaFuncAttributes attributes;
-  for (const void* kernel : {reinterpret_cast<const void*>(OneShotKernel),
-                             reinterpret_cast<const void*>(TwoShotKernel),
-                             reinterpret_cast<const void*>(ProbeKernel)}) {
+  for (const void* kernel : {
+           reinterpret_cast<const void*>(OneShotKernel<1, kSmallWorld>),
+           reinterpret_cast<const void*>(OneShotKernel<1, kMaxRanks>),
+           reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch, kSmallWorld>),
+           reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch, kMaxRanks>),
+           reinterpret_cast<const void*>(TwoShotLLKernel<1, kSmallWorld>),
+           reinterpret_cast<const void*>(TwoShotLLKernel<1, kMaxRanks>),
+           reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch, kSmallWorld>),
+           reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch, kMaxRanks>),
+           reinterpret_cast<const void*>(TwoShotKernel<1>),
+           reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
+           reinterpret_cast<const void*>(ProbeKernel)}) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
       return err;
     }

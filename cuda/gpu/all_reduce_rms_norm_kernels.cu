@@ -20,7 +20,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/kernels.h"
-#include "gpu/launch_protocol.cuh"
+#include "gpu/packets.cuh"
 #include "gpu/numeric.cuh"
 
 namespace jax_ar::gpu {

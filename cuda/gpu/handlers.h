@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "common/ffi_util.h"
+#include "gpu/kernels.h"
 #include "gpu/layout.h"
 #include "gpu/rank_state.h"
 
@@ -36,11 +37,27 @@ bool ToDtype(ffi::DataType t, Dtype& d);
 // Bytes of one sender's slot in a data half, for an algorithm's layout.
 uint64_t SlotBytes(const RankState& state, Algorithm algorithm);
 
+// Which kernel serves an all-reduce, its slot size and what one launch
+// carries: from the algorithm and the call's size (every rank decides the
+// same), or for a kernel chosen outright (the protocol probe).
+struct KernelPlan {
+  AllReduceKernel kernel;
+  uint64_t slot_bytes;
+  uint64_t capacity;
+};
+KernelPlan PlanKernel(const RankState& state, Algorithm algorithm, uint64_t total);
+KernelPlan PlanKernel(const RankState& state, AllReduceKernel kernel);
+
+// The sum over the ranks of one array, with `kernel` (the protocol probe).
+ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
+                       ffi::AnyBuffer& out, AllReduceKernel kernel);
+
 // How often the all-reduce handler ran in this process: under CUDA graphs
 // it runs when XLA records a graph, not per call (benchmarks report it).
 uint64_t AllReduceHandlerCalls();
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduceRmsNorm);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kProtocolProbe);  // protocol_probe.cc
 
 }  // namespace jax_ar::gpu

@@ -11,8 +11,13 @@
 
 namespace jax_ar::gpu {
 
-// Launches one protocol instance of `algorithm` on `stream`.
-cudaError_t LaunchAllReduce(Algorithm algorithm, const LaunchArgs& args, int blocks,
+// The kernels an all-reduce launch can run (all_reduce_kernels.cu): the
+// one-shot, and the two-shot over LL packets or over plain data and flags.
+enum class AllReduceKernel { kOneShot, kTwoShotLL, kTwoShotPlain };
+
+// Launches one protocol instance on `stream` (a launch of one array passes
+// the small AllReduceArgs<1>).
+cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
                             cudaStream_t stream);
 
 // Launches one fused all-reduce + residual + RMSNorm protocol instance;

@@ -1,12 +1,15 @@
 // Device side of every jax_ar launch: how it learns its launch number, how it
 // waits (with a deadline), how it fails, and how it finds its arrays.
 //
-// Launch numbers. LocalControl::completed counts finished launches of a rank;
-// every block reads it when it starts (launch = completed + 1) and the last
-// block to finish stores the new count. The next launch on the stream starts
-// after that store, so numbers advance on the device alone and a CUDA graph
-// replays correctly. All ranks make the same launches, so they agree on the
-// numbers; a launch's flags and data half derive from its number.
+// Launch numbers. Block b of a launch reads its number from
+// LocalControl::completed[b] (launch = completed[b] + 1) and, when done,
+// writes it to every counter slot its block index stands for (b, b + grid,
+// ...), so that each counter holds the last launch again whatever grid the
+// next launch has. No atomic and no cross-block barrier: the next launch on
+// the stream starts after these stores, so numbers advance on the device
+// alone and a CUDA graph replays correctly. All ranks make the same
+// launches, so they agree on the numbers; a launch's flags and data half
+// derive from its number.
 //
 // Failure. A wait that passes its deadline records (kind, rank, peer) in
 // LocalControl::abort, poisons every peer's PeerControl::abort so that they
@@ -38,11 +41,6 @@ __device__ __forceinline__ std::byte* LLHalf(const ProtocolArgs& a, int owner, i
 }
 __device__ __forceinline__ std::byte* PlainHalf(const ProtocolArgs& a, int owner, int parity) {
   return a.workspaces[owner] + kControlBytes + 2 * a.ll_half_bytes + parity * a.plain_half_bytes;
-}
-// The name plain-data protocols outside this file were written against
-// (reduce_scatter / all_gather on the axes-gpu branch): the plain region.
-__device__ __forceinline__ std::byte* DataHalf(const ProtocolArgs& a, int owner, int parity) {
-  return PlainHalf(a, owner, parity);
 }
 
 // Writes the failure record once (the host reads `kind` last-written-first).
@@ -114,7 +112,8 @@ class Waiter {
 struct LaunchContext {
   uint64_t launch;
   bool live;
-  uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
+  uint64_t claimed;  // block 0, thread 0 only: the launch block 0 claimed before this one
+  uint32_t told;     // block 0, thread 0 only: the failure a peer told this rank about
 };
 
 // Outputs of a launch that cannot run: all-ones bits.
@@ -128,15 +127,15 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 
 // Every block, first thing: the launch number, or live=false when the launch
 // is stale or the rank aborted (then nothing else may be touched). Block 0
-// also claims the number; the claim is checked only at the end (CheckAlone),
-// so waiting for the atomic costs no latency.
+// also claims the number and loads the word peers poison on failure; both
+// are only looked at in FinishLaunch, so waiting for them costs no latency.
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
-  uint64_t claimed = 0;
+  LaunchContext ctx{0, false, 0, 0};
   if (threadIdx.x == 0) {
     const uint64_t token = LoadVolatile64(&a.local->token);
-    const uint64_t completed = LoadVolatile64(&a.local->completed);
+    const uint64_t completed = LoadVolatile64(&a.local->completed[blockIdx.x]);
     const uint32_t abort = LoadVolatile32(&a.local->abort);
     int live = token == a.token;  // only then is the slot ours to change
     if (live && abort != 0) {
@@ -144,45 +143,42 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
       live = 0;
     }
     if (live && blockIdx.x == 0) {
-      claimed = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull) + 1;
+      ctx.claimed = atomicExch(reinterpret_cast<unsigned long long*>(&a.local->claimed),
+                               static_cast<unsigned long long>(completed + 1));
+      ctx.told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
     }
     s_launch = completed + 1;
     s_live = live;
   }
   __syncthreads();
-  return {s_launch, s_live != 0, claimed};
+  ctx.launch = s_launch;
+  ctx.live = s_live != 0;
+  return ctx;
 }
 
-// Block 0, thread 0, before FinishLaunch: if another launch of this
-// communicator claimed a number meanwhile, two launches ran at once on this
-// device (XLA scheduled two calls concurrently) and both may have used the
-// same buffers: the communicator fails instead of returning mixed data.
-__device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ctx) {
-  if (blockIdx.x == 0 && threadIdx.x == 0 && ctx.claimed != ctx.launch) {
-    Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank), ctx.launch);
-  }
-}
-
-// Every block, last thing (all threads): the last block advances the count.
-// It also looks for a failure a peer told this rank about: a launch whose
-// data all arrived never polls long enough to see it (a peer may time out
-// after sending), and the next launches must know the communicator broke.
+// Every block, last thing (all threads). Block 0 checks what BeginLaunch
+// loaded: if another launch of this communicator claimed a number meanwhile,
+// two launches ran at once on this device (XLA scheduled two calls
+// concurrently) and may have used the same buffers, so the communicator
+// fails instead of returning mixed data; and a failure a peer told this rank
+// about is recorded, since a launch whose data all arrived never polls long
+// enough to see it (a peer may time out after sending). Then every block
+// advances the launch counters it stands for.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
-  CheckAlone(a, ctx);
   const uint64_t launch = ctx.launch;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (ctx.claimed + 1 != launch) Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank), launch);
+    if (ctx.told != 0) Abort(a, ctx.told, launch);
+  }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
-    __threadfence();
-    if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
-      if (told != 0) Abort(a, told, launch);
-      a.local->blocks_done = 0;
-      StoreVolatile64(&a.local->completed, launch);
-    }
+  for (uint64_t slot = blockIdx.x + static_cast<uint64_t>(threadIdx.x) * gridDim.x;
+       slot < kMaxBlocks; slot += static_cast<uint64_t>(blockDim.x) * gridDim.x) {
+    StoreVolatile64(&a.local->completed[slot], launch);
   }
 }
 
-__device__ inline void FillOutputs(const LaunchArgs& a) {
+template <typename Args>
+__device__ inline void FillOutputs(const Args& a) {
   for (int i = 0; i < a.num_segments; ++i) FillBytes(a.segments[i].out, a.segments[i].bytes);
 }
 
@@ -217,61 +213,6 @@ __device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
   return true;
 }
 
-// LL slot of `sender` in rank `owner`'s LL half `parity` (slot_bytes each).
-__device__ __forceinline__ LLPacket* PacketSlot(const ProtocolArgs& a, int owner, int parity,
-                                                uint64_t slot_bytes, int sender) {
-  return reinterpret_cast<LLPacket*>(LLHalf(a, owner, parity) + sender * slot_bytes);
-}
-
-// Sends 16 data bytes as LL packets `packet` and `packet + 1` of slot `rank`
-// in every peer's LL half, starting with the next rank to spread the load.
-__device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity,
-                                               uint64_t slot_bytes, uint64_t packet, uint4 data,
-                                               uint32_t flag) {
-  const uint4 lo = make_uint4(data.x, flag, data.y, flag);
-  const uint4 hi = make_uint4(data.z, flag, data.w, flag);
-  for (int step = 1; step < a.world; ++step) {
-    LLPacket* dst = PacketSlot(a, (a.rank + step) % a.world, parity, slot_bytes, a.rank) + packet;
-    StoreVolatile16(dst, lo);
-    StoreVolatile16(dst + 1, hi);
-  }
-}
-
-// The 16 data bytes of LL packets p[0], p[1]; zeros and ok=false if the
-// wait is given up.
-__device__ __forceinline__ uint4 ReadPacketPair(const LLPacket* p, uint32_t flag, Waiter& waiter,
-                                                int peer, bool& ok) {
-  if (!ok) return make_uint4(0, 0, 0, 0);
-  uint4 lo = LoadVolatile16(p);
-  uint4 hi = LoadVolatile16(p + 1);
-  while (lo.y != flag || lo.w != flag) {
-    if (!waiter.KeepWaiting(peer)) {
-      ok = false;
-      return make_uint4(0, 0, 0, 0);
-    }
-    lo = LoadVolatile16(p);
-  }
-  while (hi.y != flag || hi.w != flag) {
-    if (!waiter.KeepWaiting(peer)) {
-      ok = false;
-      return make_uint4(0, 0, 0, 0);
-    }
-    hi = LoadVolatile16(p + 1);
-  }
-  return make_uint4(lo.x, lo.z, hi.x, hi.z);
-}
-
-// Rank `sender`'s 16 bytes at packet pair `packet` of this launch, as one-shot
-// reduces them: `mine` for this rank, else its LL packets in this rank's LL
-// half (waited for; zeros and ok=false if the wait is given up).
-__device__ __forceinline__ uint4 PacketPairFrom(const ProtocolArgs& a, int sender, uint4 mine,
-                                                int parity, uint64_t slot_bytes, uint64_t packet,
-                                                uint32_t flag, Waiter& waiter, bool& ok) {
-  if (sender == a.rank) return mine;
-  return ReadPacketPair(PacketSlot(a, a.rank, parity, slot_bytes, sender) + packet, flag, waiter,
-                        sender, ok);
-}
-
 // Block-wide: raise this block's flag of `phase` at every peer once all of
 // the block's stores for that phase are done.
 __device__ __forceinline__ void SignalPeers(const ProtocolArgs& a, int phase, uint64_t launch) {
@@ -304,7 +245,9 @@ __device__ __forceinline__ bool WaitForPeers(const ProtocolArgs& a, int phase, W
 
 // Index of the segment holding packed offset x (< a.bytes); segments are
 // contiguous in the packed range, so the one starting last at or before x.
-__device__ __forceinline__ int FindSegment(const LaunchArgs& a, uint64_t x, int hint) {
+template <typename Args>
+__device__ __forceinline__ int FindSegment(const Args& a, uint64_t x, int hint) {
+  if (a.num_segments == 1) return 0;
   if (hint < a.num_segments && a.segments[hint].offset <= x &&
       (hint + 1 == a.num_segments || x < a.segments[hint + 1].offset)) {
     return hint;

@@ -48,6 +48,12 @@ inline constexpr int BlockCap(int world) {
 inline constexpr int kOneShotThreads = 256;
 inline constexpr int kTwoShotThreads = 512;
 
+// The all-reduce kernels keep a value per rank in registers; they are
+// compiled for groups of up to kSmallWorld ranks (few registers: every
+// rank's blocks stay resident beside other jobs on a shared GPU) and for
+// kMaxRanks.
+inline constexpr int kSmallWorld = 8;
+
 // Arrays one launch carries; a call with more leaves takes several launches.
 inline constexpr int kMaxSegmentsPerLaunch = 48;
 
@@ -97,15 +103,19 @@ struct alignas(128) PeerControl {
 static_assert(sizeof(PeerControl) <= kControlBytes, "peer control block outgrew its region");
 
 // Per rank, in the module's never-freed device table (one slot per rank).
+//
+// Launch numbers advance without atomics or a cross-block barrier: block b
+// of a launch reads its number from completed[b] and, when it is done,
+// stores it into completed[b], completed[b + grid], completed[b + 2 grid],
+// ..., so that after every launch all kMaxBlocks counters hold its number
+// whatever grid the next launch has (launch_protocol.cuh).
 struct alignas(64) LocalControl {
-  uint64_t token;      // identifies the registration; 0 once closed
-  uint64_t completed;  // launches finished; the running launch is completed + 1
-  uint64_t started;    // launches claimed; differs from completed + 1 only if two overlap
-  uint32_t blocks_done;
-  uint32_t abort;      // encoded failure (EncodeAbort), 0 while healthy
-  uint32_t reported;   // the failure record has been written
+  uint64_t token;    // identifies the registration; 0 once closed
+  uint64_t claimed;  // the last launch block 0 began; two overlapping launches see it
+  uint32_t abort;    // encoded failure (EncodeAbort), 0 while healthy
+  uint32_t reported; // the failure record has been written
+  uint64_t completed[kMaxBlocks];  // launches finished, as each block index reads it
 };
-
 // Failure kinds, in LocalControl::abort / PeerControl::abort and the record.
 // `culprit` is the rank that found the failure, `peer` the rank it blamed.
 // A rank that learns of a failure from a peer records the peer's kind with
@@ -164,16 +174,21 @@ struct ProtocolArgs {
   int32_t world;
 };
 
-// One launch of the all-reduce kernels.
-struct LaunchArgs : ProtocolArgs {
+// One launch of the all-reduce kernels, carrying up to kSegments arrays.
+// Kernel parameters are copied at every launch (also on CUDA-graph replay),
+// so a launch of one array passes AllReduceArgs<1> (about 300 bytes), not
+// room for kMaxSegmentsPerLaunch (2 KB; measured +0.26 us per launch).
+template <int kSegments>
+struct AllReduceArgs : ProtocolArgs {
   uint64_t bytes;              // packed bytes of this launch (a multiple of 16)
   uint64_t slot_bytes;         // bytes of one sender's slot in a data half
   uint64_t chunk_bytes;        // two-shot: bytes each rank reduces
   uint64_t vectors_per_block;  // two-shot: 16-byte vectors of a chunk per block
   int32_t op;                  // ReduceOp
   int32_t num_segments;
-  SegmentArg segments[kMaxSegmentsPerLaunch];
+  SegmentArg segments[kSegments];
 };
+using LaunchArgs = AllReduceArgs<kMaxSegmentsPerLaunch>;
 
 // One launch of the fused all-reduce + residual + RMSNorm kernels: `rows`
 // rows of `hidden` elements starting at the given pointers. One-shot: every

@@ -26,6 +26,7 @@
 #include "common/registry.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
+#include "gpu/protocol_probe.h"
 #include "gpu/rank_state.h"
 #include "gpu/rms_norm.h"
 #include "gpu/reduce_scatter_all_gather.h"
@@ -175,7 +176,8 @@ void RegisterRank(uint64_t comm_id, int device, int rank, int world,
   }
   DeviceGuard guard(device);
   for (cudaError_t err :
-       {LoadKernels(), LoadRmsNormKernels(), LoadReduceScatterAllGatherKernels()}) {
+       {LoadKernels(), LoadRmsNormKernels(), LoadReduceScatterAllGatherKernels(),
+        LoadProtocolProbeKernels()}) {
     Check(err, "loading jax_ar's kernels on GPU " + std::to_string(device) +
                    " (was the package built for this GPU's architecture?)");
   }
@@ -415,6 +417,7 @@ NB_MODULE(_jax_ar_cuda, m) {
     targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
     targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
     targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
+    targets["jax_ar_protocol_probe"] = EncapsulateHandler(kProtocolProbe);
     return targets;
   });
 

@@ -164,14 +164,33 @@ __device__ __forceinline__ void AccumulateVector(int op, int world, Source&& sou
   }
 }
 
+// AccumulateVector for at most kMaxWorld sources, unrolled: source(s) is
+// called with compile-time indices, so sources held in a register array
+// stay in registers.
+template <Dtype D, int kMaxWorld, typename Source>
+__device__ __forceinline__ void AccumulateVectorUnrolled(int op, int world, Source&& source,
+                                                         typename Vec<D>::Acc* acc) {
+  using V = Vec<D>;
+  typename V::Acc next[V::kLanes];
+  V::Unpack(source(0), acc);
+#pragma unroll
+  for (int s = 1; s < kMaxWorld; ++s) {
+    if (s < world) {
+      V::Unpack(source(s), next);
+#pragma unroll
+      for (int i = 0; i < V::kLanes; ++i) acc[i] = Combine(op, acc[i], next[i]);
+    }
+  }
+}
+
 // The reduction of one 16-byte vector, rounded once to the element type;
 // avg divides the float32 sum once (int32 "avg" never reaches a kernel:
 // jax_ar sums integers and divides in float32, as pmean does).
-template <Dtype D, typename Source>
+template <Dtype D, int kMaxWorld = kMaxRanks, typename Source>
 __device__ __forceinline__ uint4 ReduceVector(int op, int world, Source&& source) {
   using V = Vec<D>;
   typename V::Acc acc[V::kLanes];
-  AccumulateVector<D>(op, world, source, acc);
+  AccumulateVectorUnrolled<D, kMaxWorld>(op, world, source, acc);
   if constexpr (D != Dtype::kS32) {
     if (op == static_cast<int>(ReduceOp::kAvg)) {
       const float n = static_cast<float>(world);

@@ -33,7 +33,7 @@ namespace {
 // `parity` (the one-shot layout: one slot per sender).
 __device__ __forceinline__ std::byte* ChunkSlot(const ChunkLaunchArgs& a, int owner, int parity,
                                                 int sender) {
-  return DataHalf(a, owner, parity) + static_cast<uint64_t>(sender) * a.slot_bytes;
+  return PlainHalf(a, owner, parity) + static_cast<uint64_t>(sender) * a.slot_bytes;
 }
 
 __device__ __forceinline__ uint64_t ValidBytes(const ChunkLaunchArgs& a, uint64_t v) {

@@ -1,0 +1,60 @@
+// Kernels of the per-call breakdown (protocol_probe.h): each adds one piece
+// of the all-reduce's protocol to the previous stage, in one block.
+#include <cuda_runtime.h>
+
+#include "gpu/packets.cuh"
+#include "gpu/protocol_probe.h"
+
+namespace jax_ar::gpu {
+namespace {
+
+__global__ void EmptyKernel(int32_t unused) { (void)unused; }
+
+template <ProbeStage kStage>
+__global__ void __launch_bounds__(32) StageKernel(const __grid_constant__ ProtocolArgs a) {
+  const LaunchContext ctx = BeginLaunch(a);
+  if (!ctx.live) return;
+  Waiter waiter(a, ctx.launch);
+  if constexpr (kStage >= ProbeStage::kHeader) SendHeader(a, ctx.launch);
+  if constexpr (kStage >= ProbeStage::kPacket) {
+    // Thread 0 sends one packet pair to every peer and awaits theirs; the
+    // data half is the one-shot's, slots of 32 bytes.
+    if (threadIdx.x == 0) {
+      const int parity = static_cast<int>(ctx.launch & 1);
+      const uint32_t flag = LaunchFlag(ctx.launch);
+      SendPacketPair(a, parity, 32, 0, make_uint4(1, 2, 3, 4), flag);
+      uint4 got[kMaxRanks];
+      AwaitPeerPackets(a, LLHalf(a, a.rank, parity), 32, 0, flag, waiter, -1, got);
+    }
+  }
+  if constexpr (kStage >= ProbeStage::kHeader) CheckHeader(a, waiter);
+  FinishLaunch(a, ctx);
+}
+
+}  // namespace
+
+cudaError_t LaunchProtocolProbe(ProbeStage stage, const ProtocolArgs& args, cudaStream_t stream) {
+  switch (stage) {
+    case ProbeStage::kEmpty: EmptyKernel<<<1, 32, 0, stream>>>(0); break;
+    case ProbeStage::kLaunch: StageKernel<ProbeStage::kLaunch><<<1, 32, 0, stream>>>(args); break;
+    case ProbeStage::kHeader: StageKernel<ProbeStage::kHeader><<<1, 32, 0, stream>>>(args); break;
+    case ProbeStage::kPacket: StageKernel<ProbeStage::kPacket><<<1, 32, 0, stream>>>(args); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LoadProtocolProbeKernels() {
+  cudaFuncAttributes attributes;
+  for (const void* kernel : {reinterpret_cast<const void*>(EmptyKernel),
+                             reinterpret_cast<const void*>(StageKernel<ProbeStage::kLaunch>),
+                             reinterpret_cast<const void*>(StageKernel<ProbeStage::kHeader>),
+                             reinterpret_cast<const void*>(StageKernel<ProbeStage::kPacket>)}) {
+    if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
+      return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace jax_ar::gpu

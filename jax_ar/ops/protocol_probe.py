@@ -1,0 +1,45 @@
+"""A diagnostic primitive of the CUDA backend: one launch of one piece of the
+all-reduce's launch protocol (cuda/gpu/protocol_probe.h), which the per-call
+breakdown (benchmarks/per_call_overhead.py --stages) chains and times.
+
+Stages, each the previous plus one piece: "empty" (a kernel that does
+nothing), "launch" (the launch protocol), "header" (the call-header
+exchange), "packet" (one LL packet pair to and from every peer); and the
+real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._axes import check_axes, communicator_for
+from ._primitive import collective_primitive, fallback_reason
+
+__all__ = ["STAGES", "protocol_probe"]
+
+STAGES = ("empty", "launch", "header", "packet", "oneshot", "twoshot_ll", "twoshot_plain")
+
+
+def _ffi_attributes(*, comm_id, stage):
+    return dict(comm_id=np.int64(comm_id), stage=np.int32(STAGES.index(stage)))
+
+
+# The result has the operand's type: the stages that move data all-reduce it,
+# the others leave the result buffer as it was. Either way nothing of the
+# chain that feeds one probe into the next depends on values.
+protocol_probe_p = collective_primitive("jax_ar_protocol_probe", "protocol_probe",
+                                        lambda aval, **_: aval, _ffi_attributes)
+
+
+def protocol_probe(x, axis_name: str, stage: str):
+    """One launch of `stage` over mesh axis `axis_name` (inside shard_map, on
+    a GPU communicator that serves calls)."""
+    what = "jax_ar protocol_probe"
+    if stage not in STAGES:
+        raise ValueError(f"{what}: stage must be one of {STAGES}, got {stage!r}")
+    (axis,) = check_axes(axis_name, what)
+    comm = communicator_for(axis, what)
+    reason = fallback_reason(comm) or (None if comm.platform == "gpu" else
+                                       f"the probe is the CUDA backend's ({comm.platform})")
+    if reason:
+        raise ValueError(f"{what}: cannot run over {axis!r}: {reason}")
+    return protocol_probe_p.bind(x, comm_id=comm.comm_id, stage=stage)
