@@ -1,6 +1,6 @@
 """The compiled modules and the one loop that registers their FFI targets.
 
-`_jax_ar_host` (CPU devices) is always built; `_jax_ar_cuda` exists when the
+`_jax_ar_cpu` (CPU devices) is always built; `_jax_ar_cuda` exists when the
 package was built with a CUDA compiler. Each module's `registrations()`
 returns {target name: handler capsule}.
 """
@@ -11,16 +11,20 @@ import threading
 
 import jax
 
-from . import _jax_ar_host as host
+from . import _jax_ar_cpu as cpu
 
-__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "host"]
+__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "cpu", "host"]
+
+# The CPU module's former name, kept until its readers (_kv.py,
+# communicator.py) say `cpu`.
+host = cpu
 
 # Mirrors of cuda/common/protocol.h.
 OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 ALGORITHM_CODES = {"oneshot": 1, "twoshot": 2}
 
 # XLA's platform names for the two kinds of device jax_ar serves.
-_PLATFORMS = {"cpu": ("_jax_ar_host", "cpu"), "gpu": ("_jax_ar_cuda", "CUDA")}
+_PLATFORMS = {"cpu": ("_jax_ar_cpu", "cpu"), "gpu": ("_jax_ar_cuda", "CUDA")}
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 

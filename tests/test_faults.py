@@ -66,7 +66,7 @@ def test_rank_that_skips_its_last_call_and_ends():
     assert_ranks_checked(result, "skip_and_end", range(2))
     failed = dict(result.failures)
     assert "jax_ar" in failed.get(0, ""), format_failure(result)
-    if not ON_GPU:  # the host backend sees the skipped call when odd closes
+    if not ON_GPU:  # the CPU backend sees the skipped call when odd closes
         assert "jax_ar" in failed.get(1, "") and "skipped" in failed[1], format_failure(result)
         assert took < 30, f"the job took {took:.1f} s"
 
@@ -157,8 +157,8 @@ def _create_one_workspace():
         return
     from jax_ar import _native
 
-    host = _native.host
+    cpu = _native.cpu
     comm_id = 0x7fff_0000_0000 + os.getpid()
-    host.create_workspace(comm_id, 1 << 20)
-    host.unlink_workspaces(comm_id)
-    host.close_comm(comm_id)
+    cpu.create_workspace(comm_id, 1 << 20)
+    cpu.unlink_workspaces(comm_id)
+    cpu.close_comm(comm_id)

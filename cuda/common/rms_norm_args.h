@@ -1,4 +1,4 @@
-// Operand checks of the norm FFI handlers, shared by the host and CUDA
+// Operand checks of the norm FFI handlers, shared by the CPU and CUDA
 // modules so that both reject the same calls with the same words.
 #pragma once
 

@@ -30,7 +30,7 @@ constexpr int kMaxThreads = 1024;
 constexpr float kE4m3Max = 448.0f;
 
 // float32 -> float8_e4m3fn, saturating to +-448, round to nearest even, NaN
-// to NaN; bit for bit the host's FloatToE4m3fnSaturated.
+// to NaN; bit for bit the CPU's FloatToE4m3fnSaturated.
 __device__ __forceinline__ uint32_t FloatToE4m3fnSaturated(float f) {
   const uint32_t sign = (__float_as_uint(f) >> 24) & 0x80u;
   if (IsNan(f)) return sign | 0x7fu;

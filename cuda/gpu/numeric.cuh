@@ -1,5 +1,5 @@
-// Element arithmetic of the CUDA kernels, bit for bit the host backend's
-// (cuda/host/numeric.h): 16-bit floats widen exactly to float32, reduce in
+// Element arithmetic of the CUDA kernels, bit for bit the CPU backend's
+// (cuda/cpu/numeric.h): 16-bit floats widen exactly to float32, reduce in
 // float32 in rank order, and round once to nearest even; NaN payloads are
 // kept through conversions; max/min propagate NaN and order -0.0 below
 // +0.0; int32 sums wrap. Every float operation is an explicit _rn intrinsic

@@ -185,7 +185,7 @@ def scenario_skip(mesh):
         kv_wait("skip-close", 0)
         time.sleep(0.3)  # process 0 is about to call: let its call start
         comm.close()
-        if not ON_GPU:  # the host backend reports peers that started a call it never made
+        if not ON_GPU:  # the CPU backend reports peers that started a call it never made
             assert any("skipped" in r for r in records), f"close() did not report it: {records}"
             log(f"skip/close: close() logged: {records[0][:200]}")
     else:

@@ -280,7 +280,7 @@ def suite_timeout(mesh):
 
     def call_that_fails():
         # GPU kernels give up and record the failure (check() reports it);
-        # the host backend raises from the call itself.
+        # the CPU backend raises from the call itself.
         start = time.perf_counter()
         try:
             f(xs)[0].block_until_ready()

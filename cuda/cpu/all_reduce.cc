@@ -1,12 +1,12 @@
 // FFI handler of jax_ar.all_reduce on CPU devices.
-#include "host/all_reduce.h"
+#include "cpu/all_reduce.h"
 
 #include <string>
 
 #include "common/registry.h"
-#include "host/exchange.h"
+#include "cpu/exchange.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 std::shared_ptr<RankState> FindRank(uint64_t comm_id, int device_ordinal, ffi::Error& error) {
   auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
@@ -53,4 +53,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduce, AllReduceHandler,
                                   .Attr<int32_t>("op")
                                   .Attr<int32_t>("algorithm"));
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -1,4 +1,4 @@
-// The host backend's all-reduce protocol, the same one the CUDA kernels run:
+// The CPU backend's all-reduce protocol, the same one the CUDA kernels run:
 //
 //   one-shot  every rank pushes its whole input into its slot of every peer's
 //             workspace, raises its flag there, waits for all flags, and
@@ -26,13 +26,13 @@
 
 #include "common/ffi_util.h"
 #include "common/protocol.h"
-#include "host/rank_state.h"
+#include "cpu/rank_state.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 // XLA:CPU runs its threads with subnormals flushed to zero; jax_ar's results
 // must be exact for every bit pattern, so reductions (and any arithmetic a
@@ -131,4 +131,4 @@ ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHal
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
                                std::vector<Segment>& segments);
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -3,15 +3,15 @@
 // Python hands them arrays in a canonical layout: the reduce-scatter operand
 // is [world, ...] (row j is rank j's share), the all-gather result is
 // [world, ...]. Rows are contiguous, so a chunk is a plain byte range.
-#include "host/reduce_scatter_all_gather.h"
+#include "cpu/reduce_scatter_all_gather.h"
 
 #include <algorithm>
 #include <string>
 
-#include "host/all_reduce.h"
-#include "host/exchange.h"
+#include "cpu/all_reduce.h"
+#include "cpu/exchange.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
 ffi::Error CheckDtype(ffi::DataType dtype, const char* what) {
@@ -89,4 +89,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllGather, AllGatherHandler,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("comm_id"));
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

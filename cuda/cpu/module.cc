@@ -1,4 +1,4 @@
-// Python module of the host backend: FFI registrations plus the calls that
+// Python module of the CPU backend: FFI registrations plus the calls that
 // jax_ar/communicator.py makes at setup and close.
 #include <map>
 #include <memory>
@@ -13,17 +13,17 @@
 #include <nanobind/stl/vector.h>
 
 #include "common/registry.h"
-#include "host/all_reduce.h"
-#include "host/call_order.h"
-#include "host/exchange.h"
-#include "host/process_liveness.h"
-#include "host/rank_state.h"
-#include "host/rms_norm.h"
-#include "host/reduce_scatter_all_gather.h"
+#include "cpu/all_reduce.h"
+#include "cpu/call_order.h"
+#include "cpu/exchange.h"
+#include "cpu/process_liveness.h"
+#include "cpu/rank_state.h"
+#include "cpu/rms_norm.h"
+#include "cpu/reduce_scatter_all_gather.h"
 
 namespace nb = nanobind;
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
 // Workspaces created or opened for a communicator, waiting for its ranks to
@@ -53,8 +53,8 @@ nb::capsule EncapsulateHandler(T* fn) {
 
 }  // namespace
 
-NB_MODULE(_jax_ar_host, m) {
-  m.doc() = "jax_ar host (CPU device) backend";
+NB_MODULE(_jax_ar_cpu, m) {
+  m.doc() = "jax_ar CPU backend";
 
   m.def("registrations", []() {
     nb::dict targets;
@@ -191,4 +191,4 @@ NB_MODULE(_jax_ar_host, m) {
         "True only if that process (from process_identity()) has certainly ended.");
 }
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

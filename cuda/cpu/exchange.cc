@@ -1,4 +1,4 @@
-#include "host/exchange.h"
+#include "cpu/exchange.h"
 
 #include <sched.h>
 #include <time.h>
@@ -10,10 +10,10 @@
 #include <cstring>
 #include <utility>
 
-#include "host/numeric.h"
-#include "host/process_liveness.h"
+#include "cpu/numeric.h"
+#include "cpu/process_liveness.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 size_t SlotBytes(const RankState& state, Algorithm algorithm) {
   const size_t slots = algorithm == Algorithm::kOneShot ? state.world : 2 * state.world;
@@ -581,4 +581,4 @@ ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
   return ffi::Error::Success();
 }
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

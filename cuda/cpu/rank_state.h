@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "common/protocol.h"
-#include "host/shm_workspace.h"
+#include "cpu/shm_workspace.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 // What a sender says about the call its data belongs to; receivers compare it
 // with their own call so that ranks that disagree get an error, not a result.
@@ -99,4 +99,4 @@ struct RankState {
   }
 };
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

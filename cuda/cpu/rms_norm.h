@@ -1,4 +1,4 @@
-// RMSNorm on the host backend: the row arithmetic shared by rms_norm's FFI
+// RMSNorm on the CPU backend: the row arithmetic shared by rms_norm's FFI
 // handlers (rms_norm.cc) and the fused all-reduce + residual + RMSNorm
 // handler (all_reduce_rms_norm.cc), and the handlers' symbols.
 //
@@ -16,11 +16,11 @@
 
 #include "common/ffi_util.h"
 #include "common/rms_norm_args.h"
-#include "host/numeric.h"
+#include "cpu/numeric.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
-// 1 / sqrt(mean(v * v) + eps). The sum is accumulated in double, so the host
+// 1 / sqrt(mean(v * v) + eps). The sum is accumulated in double, so the CPU
 // result is at least as accurate as the GPU's float32 tree; the tests'
 // tolerances cover both.
 inline float InverseRms(const float* v, size_t hidden, float eps) {
@@ -77,4 +77,4 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kRmsNorm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAddRmsNorm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduceRmsNorm);
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -5,17 +5,17 @@
 //   out          = norm(float32(residual_out)) * gamma, in x's type, or with
 //                  quantize=1 float8_e4m3fn(saturate(that / scale))
 //
-// The sum is the host all-reduce protocol run on float32 copies of x, so it
+// The sum is the CPU all-reduce protocol run on float32 copies of x, so it
 // is exactly the float32 rank-order sum the CUDA kernel forms (16-bit inputs
 // widen exactly) and is not rounded to x's type before the residual is added.
 #include <string>
 #include <vector>
 
-#include "host/all_reduce.h"
-#include "host/exchange.h"
-#include "host/rms_norm.h"
+#include "cpu/all_reduce.h"
+#include "cpu/exchange.h"
+#include "cpu/rms_norm.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
 constexpr const char* kOp = "all_reduce_rms_norm";
@@ -118,4 +118,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
                                   .Attr<float>("eps")
                                   .Attr<int32_t>("quantize"));
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu
