@@ -1,9 +1,7 @@
 // Python module of the CPU backend: FFI registrations plus the calls that
 // jax_ar/communicator.py makes at setup and close.
-#include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,6 +10,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "common/comm_resources.h"
+#include "common/module_util.h"
+#include "common/rank_identity.h"
 #include "common/registry.h"
 #include "cpu/all_reduce.h"
 #include "cpu/call_order.h"
@@ -26,16 +27,8 @@ namespace nb = nanobind;
 namespace jax_ar::cpu {
 namespace {
 
-// Workspaces created or opened for a communicator, waiting for its ranks to
-// be registered; the rank states then share ownership.
-std::mutex resources_mutex;
-std::map<uint64_t, std::shared_ptr<CommResources>> resources_by_comm;
-
 std::shared_ptr<CommResources> ResourcesOf(uint64_t comm_id) {
-  std::lock_guard<std::mutex> lock(resources_mutex);
-  auto& entry = resources_by_comm[comm_id];
-  if (!entry) entry = std::make_shared<CommResources>();
-  return entry;
+  return CommResourceTable<CommResources>::Instance().Of(comm_id);
 }
 
 uintptr_t Keep(uint64_t comm_id, SharedMemory shm) {
@@ -44,11 +37,6 @@ uintptr_t Keep(uint64_t comm_id, SharedMemory shm) {
   const auto address = reinterpret_cast<uintptr_t>(shm.address());
   resources->segments.push_back(std::move(shm));
   return address;
-}
-
-template <typename T>
-nb::capsule EncapsulateHandler(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
 }  // namespace
@@ -98,24 +86,10 @@ NB_MODULE(_jax_ar_cpu, m) {
         [](uint64_t comm_id, int device_ordinal, int rank, int world,
            const std::vector<uintptr_t>& workspaces, size_t workspace_bytes, double timeout_s,
            const std::string& label) {
-          if (world < 1 || world > kMaxRanks || rank < 0 || rank >= world ||
-              static_cast<int>(workspaces.size()) != world) {
-            throw std::invalid_argument("jax_ar: bad rank layout for register_rank");
-          }
-          if (workspace_bytes <= kControlBytes) {
-            throw std::invalid_argument("jax_ar: workspace smaller than its control block");
-          }
           auto state = std::make_shared<RankState>();
-          state->comm_id = comm_id;
-          state->device_ordinal = device_ordinal;
-          state->rank = rank;
-          state->world = world;
-          state->workspace_bytes = workspace_bytes;
-          state->timeout_s = timeout_s;
-          state->label = label;
-          for (int r = 0; r < world; ++r) {
-            state->workspaces[r] = reinterpret_cast<std::byte*>(workspaces[r]);
-          }
+          static_cast<RankIdentity&>(*state) =
+              RegisteredIdentity(comm_id, device_ordinal, rank, world, workspaces,
+                                 workspace_bytes, timeout_s, label);
           state->resources = ResourcesOf(comm_id);
           Registry<RankState>::Instance().Add(comm_id, device_ordinal, std::move(state));
         },
@@ -140,8 +114,7 @@ NB_MODULE(_jax_ar_cpu, m) {
             // Mappings go with the last reference to the rank states.
             states.clear();
           }
-          std::lock_guard<std::mutex> lock(resources_mutex);
-          resources_by_comm.erase(comm_id);
+          CommResourceTable<CommResources>::Instance().Take(comm_id);
           return diverged;
         },
         nb::arg("comm_id"), nb::arg("linger_s") = 0.0,

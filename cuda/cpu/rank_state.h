@@ -2,7 +2,6 @@
 // mapped in this process, and what the workspace control block holds.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "common/protocol.h"
+#include "common/rank_identity.h"
 #include "cpu/shm_workspace.h"
 
 namespace jax_ar::cpu {
@@ -65,15 +65,7 @@ struct CommResources {
   std::mutex mutex;
 };
 
-struct RankState {
-  uint64_t comm_id = 0;
-  int device_ordinal = 0;
-  int rank = 0;
-  int world = 0;
-  size_t workspace_bytes = 0;
-  double timeout_s = 0;
-  std::string label;  // "axis 'tp'", for messages
-  std::array<std::byte*, kMaxRanks> workspaces{};  // indexed by rank; [rank] is our own
+struct RankState : RankIdentity {
   std::shared_ptr<CommResources> resources;
 
   // A device runs one call of a communicator at a time.

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -23,6 +22,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "common/comm_resources.h"
+#include "common/module_util.h"
+#include "common/rank_identity.h"
 #include "common/registry.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
@@ -36,15 +38,10 @@ namespace nb = nanobind;
 namespace jax_ar::gpu {
 namespace {
 
-std::mutex resources_mutex;
-std::map<uint64_t, std::shared_ptr<CommResources>> resources_by_comm;
 std::atomic<uint64_t> next_token{1};
 
 std::shared_ptr<CommResources> ResourcesOf(uint64_t comm_id) {
-  std::lock_guard<std::mutex> lock(resources_mutex);
-  auto& entry = resources_by_comm[comm_id];
-  if (!entry) entry = std::make_shared<CommResources>();
-  return entry;
+  return CommResourceTable<CommResources>::Instance().Of(comm_id);
 }
 
 std::string CudaText(cudaError_t err) {
@@ -166,13 +163,8 @@ void ConnectLocal(uint64_t comm_id, int device, int peer_device) {
 void RegisterRank(uint64_t comm_id, int device, int rank, int world,
                   const std::vector<uintptr_t>& workspaces, size_t workspace_bytes,
                   double timeout_s, const std::string& label) {
-  if (world < 1 || world > kMaxRanks || rank < 0 || rank >= world ||
-      static_cast<int>(workspaces.size()) != world) {
-    throw std::invalid_argument("jax_ar: bad rank layout for register_rank");
-  }
-  if (workspace_bytes <= kControlBytes) {
-    throw std::invalid_argument("jax_ar: workspace smaller than its control block");
-  }
+  const RankIdentity identity = RegisteredIdentity(comm_id, device, rank, world, workspaces,
+                                                   workspace_bytes, timeout_s, label);
   DeviceGuard guard(device);
   for (cudaError_t err :
        {LoadKernels(), LoadRmsNormKernels(), LoadReduceScatterAllGatherKernels()}) {
@@ -180,14 +172,7 @@ void RegisterRank(uint64_t comm_id, int device, int rank, int world,
                    " (was the package built for this GPU's architecture?)");
   }
   auto state = std::make_shared<RankState>();
-  state->comm_id = comm_id;
-  state->device_ordinal = device;
-  state->rank = rank;
-  state->world = world;
-  state->workspace_bytes = workspace_bytes;
-  state->timeout_s = timeout_s;
-  state->label = label;
-  for (int r = 0; r < world; ++r) state->workspaces[r] = reinterpret_cast<std::byte*>(workspaces[r]);
+  static_cast<RankIdentity&>(*state) = identity;
   state->resources = ResourcesOf(comm_id);
 
   void* record = nullptr;
@@ -327,15 +312,8 @@ std::string Verify(uint64_t comm_id, const std::vector<int>& devices) {
 // for launches in flight, then unmaps and frees.
 void CloseComm(uint64_t comm_id) {
   auto states = Registry<RankState>::Instance().Remove(comm_id);
-  std::shared_ptr<CommResources> resources;
-  {
-    std::lock_guard<std::mutex> lock(resources_mutex);
-    auto it = resources_by_comm.find(comm_id);
-    if (it != resources_by_comm.end()) {
-      resources = it->second;
-      resources_by_comm.erase(it);
-    }
-  }
+  std::shared_ptr<CommResources> resources =
+      CommResourceTable<CommResources>::Instance().Take(comm_id);
   std::vector<int> devices;
   for (auto& state : states) {
     DeviceGuard guard(state->device_ordinal);
@@ -361,11 +339,6 @@ void CloseComm(uint64_t comm_id) {
   }
   resources->mappings.clear();
   cudaGetLastError();
-}
-
-template <typename T>
-nb::capsule EncapsulateHandler(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
 }  // namespace
