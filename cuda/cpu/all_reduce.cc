@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "common/handler_args.h"
 #include "common/registry.h"
 #include "cpu/exchange.h"
 
@@ -21,17 +22,16 @@ std::shared_ptr<RankState> FindRank(uint64_t comm_id, int device_ordinal, ffi::E
 
 namespace {
 
+constexpr const char* kOperation = "all_reduce";
+
 ffi::Error AllReduceHandler(int32_t device_ordinal,
                             ffi::RemainingArgs args,  // arrays to reduce
                             ffi::RemainingRets rets,  // their reductions, same shapes
                             int64_t comm_id,          // Communicator.comm_id
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
-    return InvalidArgument("unknown algorithm " + std::to_string(algorithm));
-  }
+  if (auto error = CheckReduceOp(kOperation, op); error.failure()) return error;
+  if (auto error = CheckAlgorithm(kOperation, algorithm); error.failure()) return error;
   ffi::Error error = ffi::Error::Success();
   auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
   if (state == nullptr) return error;

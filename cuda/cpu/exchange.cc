@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/handler_args.h"
 #include "cpu/numeric.h"
 #include "cpu/process_liveness.h"
 
@@ -552,33 +553,17 @@ ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHal
 
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
                                std::vector<Segment>& segments) {
-  if (args.size() != rets.size()) {
-    return InvalidArgument("all_reduce got " + std::to_string(args.size()) + " operands but " +
-                           std::to_string(rets.size()) + " results");
-  }
   segments.clear();
   segments.reserve(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (in.has_error()) return in.error();
-    if (out.has_error()) return out.error();
-    const ffi::DataType dtype = in->element_type();
-    if (DtypeBytes(dtype) == 0 || dtype == ffi::DataType::F8E4M3FN) {
-      return InvalidArgument(std::string("all_reduce does not support dtype ") + DtypeName(dtype));
-    }
-    if ((*out)->element_type() != dtype || (*out)->size_bytes() != in->size_bytes()) {
-      return InvalidArgument("all_reduce result " + std::to_string(i) +
-                             " does not match its operand");
-    }
+  return ForEachAllReduceOperand(args, rets, [&](ffi::AnyBuffer in, ffi::AnyBuffer out) {
     Segment s;
-    s.in = static_cast<const std::byte*>(in->untyped_data());
-    s.out = static_cast<std::byte*>((*out)->untyped_data());
-    s.bytes = in->size_bytes();
-    s.dtype = dtype;
+    s.in = static_cast<const std::byte*>(in.untyped_data());
+    s.out = static_cast<std::byte*>(out.untyped_data());
+    s.bytes = in.size_bytes();
+    s.dtype = in.element_type();
     segments.push_back(s);
-  }
-  return ffi::Error::Success();
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace jax_ar::cpu

@@ -8,18 +8,12 @@
 #include <algorithm>
 #include <string>
 
+#include "common/handler_args.h"
 #include "cpu/all_reduce.h"
 #include "cpu/exchange.h"
 
 namespace jax_ar::cpu {
 namespace {
-
-ffi::Error CheckDtype(ffi::DataType dtype, const char* what) {
-  if (DtypeBytes(dtype) == 0 || dtype == ffi::DataType::F8E4M3FN) {
-    return InvalidArgument(std::string(what) + " does not support dtype " + DtypeName(dtype));
-  }
-  return ffi::Error::Success();
-}
 
 // The call as the protocol sees it: one array. Its size in the signature
 // (the operand for reduce-scatter, the result for all-gather: the whole
@@ -39,16 +33,14 @@ ffi::Error ReduceScatterHandler(int32_t device_ordinal,
                                 ffi::Result<ffi::AnyBuffer> out,   // [...], this rank's row reduced
                                 int64_t comm_id,                   // Communicator.comm_id
                                 int32_t op) {                      // ReduceOp
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  if (auto error = CheckDtype(in.element_type(), "reduce_scatter"); error.failure()) return error;
+  if (auto error = CheckReduceOp("reduce_scatter", op); error.failure()) return error;
+  if (auto error = CheckReducible("reduce_scatter", in.element_type()); error.failure()) {
+    return error;
+  }
   ffi::Error error = ffi::Error::Success();
   auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      out->size_bytes() * static_cast<size_t>(state->world) != in.size_bytes()) {
-    return InvalidArgument("reduce_scatter result must be 1/" + std::to_string(state->world) +
-                           " of its operand, with the same dtype");
-  }
+  if (auto error = CheckReduceScatterShapes(in, *out, state->world); error.failure()) return error;
   return RunChunkCollective(*state, OneArrayMessage(in, *out, op, "reduce_scatter", *state),
                             ChunkHalf::kReduceScatter, out->size_bytes());
 }
@@ -61,11 +53,7 @@ ffi::Error AllGatherHandler(int32_t device_ordinal,
   ffi::Error error = ffi::Error::Success();
   auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      in.size_bytes() * static_cast<size_t>(state->world) != out->size_bytes()) {
-    return InvalidArgument("all_gather result must be " + std::to_string(state->world) +
-                           " times its operand, with the same dtype");
-  }
+  if (auto error = CheckAllGatherShapes(in, *out, state->world); error.failure()) return error;
   return RunChunkCollective(*state,
                             OneArrayMessage(in, *out, static_cast<int32_t>(ReduceOp::kSum),
                                             "all_gather", *state),

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/handler_args.h"
 #include "common/registry.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
@@ -95,33 +96,19 @@ struct Piece {
 
 ffi::Error PiecesFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
                              std::vector<Piece>& pieces, uint64_t& packed_bytes) {
-  if (args.size() != rets.size()) {
-    return InvalidArgument("all_reduce got " + std::to_string(args.size()) + " operands but " +
-                           std::to_string(rets.size()) + " results");
-  }
   packed_bytes = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (in.has_error()) return in.error();
-    if (out.has_error()) return out.error();
+  return ForEachAllReduceOperand(args, rets, [&](ffi::AnyBuffer in, ffi::AnyBuffer out) {
     Piece p;
-    if (!ToDtype(in->element_type(), p.dtype)) {
-      return InvalidArgument(std::string("all_reduce does not support dtype ") +
-                             DtypeName(in->element_type()));
-    }
-    if ((*out)->element_type() != in->element_type() || (*out)->size_bytes() != in->size_bytes()) {
-      return InvalidArgument("all_reduce result " + std::to_string(i) + " does not match its operand");
-    }
-    p.in = static_cast<const std::byte*>(in->untyped_data());
-    p.out = static_cast<std::byte*>((*out)->untyped_data());
-    p.bytes = in->size_bytes();
+    ToDtype(in.element_type(), p.dtype);  // reducible: ForEachAllReduceOperand checked
+    p.in = static_cast<const std::byte*>(in.untyped_data());
+    p.out = static_cast<std::byte*>(out.untyped_data());
+    p.bytes = in.size_bytes();
     p.packed_offset = packed_bytes;
-    if (p.bytes == 0) continue;
+    if (p.bytes == 0) return ffi::Error::Success();
     packed_bytes += AlignUp(p.bytes);
     pieces.push_back(p);
-  }
-  return ffi::Error::Success();
+    return ffi::Error::Success();
+  });
 }
 
 uint64_t CallSignature(const std::vector<Piece>& pieces, ReduceOp op, Algorithm algorithm,
@@ -200,11 +187,8 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
   handler_calls.fetch_add(1, std::memory_order_relaxed);
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
-    return InvalidArgument("unknown algorithm " + std::to_string(algorithm));
-  }
+  if (auto error = CheckReduceOp("all_reduce", op); error.failure()) return error;
+  if (auto error = CheckAlgorithm("all_reduce", algorithm); error.failure()) return error;
   ffi::Error error = ffi::Error::Success();
   auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
   if (state == nullptr) return error;

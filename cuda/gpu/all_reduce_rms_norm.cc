@@ -19,7 +19,7 @@ constexpr int kMaxVectorsPerThread = 4;
 constexpr int kMaxThreadsPerRow = 1024;
 constexpr int kMinBlockThreads = 256;
 
-ffi::Error Invalid(const std::string& text) { return InvalidArgument(std::string(kOp) + ": " + text); }
+ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 
 // Threads per row (a power of two, one 16-byte vector each up to 1024
 // threads) and vectors per thread, from the row length alone.
@@ -82,11 +82,11 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     return Invalid("the CUDA kernel needs a hidden size in [128, 16384] that is a multiple of " +
                    std::to_string(lanes) + ", got " + std::to_string(hidden));
   }
-  for (const void* p : {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
-                        residual_out->untyped_data(), out->untyped_data()}) {
-    if (reinterpret_cast<uintptr_t>(p) % kAlign != 0) {
-      return Invalid("the CUDA kernel needs 16-byte aligned buffers");
-    }
+  if (auto error = CheckAligned(kOp, {x.untyped_data(), residual.untyped_data(),
+                                      gamma.untyped_data(), residual_out->untyped_data(),
+                                      out->untyped_data()});
+      error.failure()) {
+    return error;
   }
   ffi::Error error = ffi::Error::Success();
   auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/handler_args.h"
 #include "gpu/handlers.h"
 #include "gpu/reduce_scatter_all_gather.h"
 #include "gpu/reduce_scatter_all_gather_handlers.h"
@@ -64,20 +65,16 @@ ffi::Error ReduceScatterHandler(cudaStream_t stream,
                                 ffi::Result<ffi::AnyBuffer> out,  // [...], my row reduced
                                 int64_t comm_id,                  // Communicator.comm_id
                                 int32_t op) {                     // ReduceOp
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  ChunkLaunchArgs a{};
-  if (!ToDtype(in.element_type(), a.dtype)) {
-    return InvalidArgument(std::string("reduce_scatter does not support dtype ") +
-                           DtypeName(in.element_type()));
+  if (auto error = CheckReduceOp("reduce_scatter", op); error.failure()) return error;
+  if (auto error = CheckReducible("reduce_scatter", in.element_type()); error.failure()) {
+    return error;
   }
+  ChunkLaunchArgs a{};
+  ToDtype(in.element_type(), a.dtype);
   ffi::Error error = ffi::Error::Success();
   auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      out->size_bytes() * static_cast<size_t>(state->world) != in.size_bytes()) {
-    return InvalidArgument("reduce_scatter result must be 1/" + std::to_string(state->world) +
-                           " of its operand, with the same dtype");
-  }
+  if (auto error = CheckReduceScatterShapes(in, *out, state->world); error.failure()) return error;
   if (out->size_bytes() == 0) return ffi::Error::Success();
   a.in = static_cast<const std::byte*>(in.untyped_data());
   a.out = static_cast<std::byte*>(out->untyped_data());
@@ -97,11 +94,7 @@ ffi::Error AllGatherHandler(cudaStream_t stream,
   ffi::Error error = ffi::Error::Success();
   auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      in.size_bytes() * static_cast<size_t>(state->world) != out->size_bytes()) {
-    return InvalidArgument("all_gather result must be " + std::to_string(state->world) +
-                           " times its operand, with the same dtype");
-  }
+  if (auto error = CheckAllGatherShapes(in, *out, state->world); error.failure()) return error;
   if (in.size_bytes() == 0) return ffi::Error::Success();
   ChunkLaunchArgs a{};
   a.in = static_cast<const std::byte*>(in.untyped_data());

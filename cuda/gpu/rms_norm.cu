@@ -252,18 +252,17 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
   const ffi::DataType dtype = x.element_type();
   const size_t lanes = 16 / DtypeBytes(dtype);
   if (hidden % lanes != 0 || hidden / lanes > static_cast<size_t>(kMaxRowVectors)) {
-    return InvalidArgument(std::string(kOp) + ": the CUDA kernel needs a hidden size that is a "
-                           "multiple of " + std::to_string(lanes) + " up to " +
-                           std::to_string(lanes * kMaxRowVectors) + ", got " +
-                           std::to_string(hidden));
+    return InvalidCall(kOp, "the CUDA kernel needs a hidden size that is a multiple of " +
+                                std::to_string(lanes) + " up to " +
+                                std::to_string(lanes * kMaxRowVectors) + ", got " +
+                                std::to_string(hidden));
   }
   if (rows == 0) return ffi::Error::Success();
-  for (const void* p : {x.untyped_data(), gamma.untyped_data(), out.untyped_data(),
-                        residual ? residual->untyped_data() : nullptr,
-                        residual_out ? residual_out->untyped_data() : nullptr}) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-      return InvalidArgument(std::string(kOp) + ": the CUDA kernel needs 16-byte aligned buffers");
-    }
+  if (auto error = CheckAligned(kOp, {x.untyped_data(), gamma.untyped_data(), out.untyped_data(),
+                                      residual ? residual->untyped_data() : nullptr,
+                                      residual_out ? residual_out->untyped_data() : nullptr});
+      error.failure()) {
+    return error;
   }
   NormArgs args;
   args.x = x.untyped_data();
