@@ -3,26 +3,16 @@
 
 #include <string>
 
+#include "common/find_rank.h"
 #include "common/handler_args.h"
-#include "common/registry.h"
 #include "cpu/exchange.h"
+#include "cpu/rank_state.h"
 
 namespace jax_ar::cpu {
 
-std::shared_ptr<RankState> FindRank(uint64_t comm_id, int device_ordinal, ffi::Error& error) {
-  auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-  if (state == nullptr) {
-    error = InvalidArgument(
-        "no communicator " + std::to_string(comm_id) + " on CPU device " +
-        std::to_string(device_ordinal) +
-        ": it was closed, or this device is not in the mesh given to jax_ar.setup()");
-  }
-  return state;
-}
-
 namespace {
 
-constexpr const char* kOperation = "all_reduce";
+constexpr Operation kOperation = Operation::kAllReduce;
 
 ffi::Error AllReduceHandler(int32_t device_ordinal,
                             ffi::RemainingArgs args,  // arrays to reduce
@@ -30,10 +20,13 @@ ffi::Error AllReduceHandler(int32_t device_ordinal,
                             int64_t comm_id,          // Communicator.comm_id
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
-  if (auto error = CheckReduceOp(kOperation, op); error.failure()) return error;
-  if (auto error = CheckAlgorithm(kOperation, algorithm); error.failure()) return error;
+  if (auto error = CheckReduceOp(OperationName(kOperation), op); error.failure()) return error;
+  if (auto error = CheckAlgorithm(OperationName(kOperation), algorithm); error.failure()) {
+    return error;
+  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
+                                   error);
   if (state == nullptr) return error;
   std::vector<Segment> segments;
   if (auto error = SegmentsFromBuffers(args, rets, segments); error.failure()) return error;

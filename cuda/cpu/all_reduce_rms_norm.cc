@@ -11,13 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "cpu/all_reduce.h"
+#include "common/find_rank.h"
 #include "cpu/exchange.h"
 #include "cpu/rms_norm.h"
 
 namespace jax_ar::cpu {
 namespace {
 
+constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 constexpr const char* kOp = "all_reduce_rms_norm";
 
 template <typename Traits>
@@ -44,7 +45,7 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
   segment.out = reinterpret_cast<std::byte*>(summed.data());
   segment.bytes = count * sizeof(float);
   segment.dtype = ffi::DataType::F32;
-  Message message({segment}, ReduceOp::kSum, algorithm, state.world, "all_reduce_rms_norm");
+  Message message({segment}, ReduceOp::kSum, algorithm, state.world, kOperation);
   if (auto error = RunAllReduce(state, message); error.failure()) return error;
 
   const auto* rs = static_cast<const Storage*>(residual.untyped_data());
@@ -91,7 +92,8 @@ ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
   }
   const ffi::DataType dtype = x.element_type();
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
+                                   error);
   if (state == nullptr) return error;
   const float scale_value = quantize ? *scale.typed_data() : 1.0f;
   DispatchNormDtype(dtype, [&](auto traits) {

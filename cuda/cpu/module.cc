@@ -11,6 +11,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "common/comm_resources.h"
+#include "common/failure_text.h"
 #include "common/module_util.h"
 #include "common/rank_identity.h"
 #include "common/registry.h"
@@ -125,7 +126,8 @@ NB_MODULE(_jax_ar_cpu, m) {
   m.def("failure",
         [](uint64_t comm_id, int device_ordinal) -> std::string {
           auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-          return state ? CommunicatorFailure(*state) : std::string();
+          const std::string core = state ? CommunicatorFailure(*state) : std::string();
+          return core.empty() ? core : Unusable(core);
         },
         nb::arg("comm_id"), nb::arg("device_ordinal"),
         "Why this rank or a peer failed, or '' while the communicator is healthy.");

@@ -66,12 +66,15 @@ struct CommResources {
 };
 
 struct RankState : RankIdentity {
+  static constexpr const char* kDeviceKind = "CPU";
+
   std::shared_ptr<CommResources> resources;
 
   // A device runs one call of a communicator at a time.
   std::mutex call_mutex;
 
-  // Set by the first failed call; every later call fails at once with it.
+  // Set by the first failed call (the core of its message, failure_text.h);
+  // every later call fails at once with it.
   std::mutex failure_mutex;
   std::string failure;
 

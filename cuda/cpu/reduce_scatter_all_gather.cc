@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/handler_args.h"
-#include "cpu/all_reduce.h"
+#include "common/find_rank.h"
 #include "cpu/exchange.h"
 
 namespace jax_ar::cpu {
@@ -18,7 +18,7 @@ namespace {
 // The call as the protocol sees it: one array. Its size in the signature
 // (the operand for reduce-scatter, the result for all-gather: the whole
 // message) fixes the chunk size that peers must agree on.
-Message OneArrayMessage(ffi::AnyBuffer in, ffi::AnyBuffer out, int32_t op, const char* operation,
+Message OneArrayMessage(ffi::AnyBuffer in, ffi::AnyBuffer out, int32_t op, Operation operation,
                         const RankState& state) {
   Segment s;
   s.in = static_cast<const std::byte*>(in.untyped_data());
@@ -38,10 +38,11 @@ ffi::Error ReduceScatterHandler(int32_t device_ordinal,
     return error;
   }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
+                                   Operation::kReduceScatter, error);
   if (state == nullptr) return error;
   if (auto error = CheckReduceScatterShapes(in, *out, state->world); error.failure()) return error;
-  return RunChunkCollective(*state, OneArrayMessage(in, *out, op, "reduce_scatter", *state),
+  return RunChunkCollective(*state, OneArrayMessage(in, *out, op, Operation::kReduceScatter, *state),
                             ChunkHalf::kReduceScatter, out->size_bytes());
 }
 
@@ -51,12 +52,13 @@ ffi::Error AllGatherHandler(int32_t device_ordinal,
                             int64_t comm_id) {                 // Communicator.comm_id
   // Only bytes move, so any element type will do.
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
+                                   Operation::kAllGather, error);
   if (state == nullptr) return error;
   if (auto error = CheckAllGatherShapes(in, *out, state->world); error.failure()) return error;
   return RunChunkCollective(*state,
                             OneArrayMessage(in, *out, static_cast<int32_t>(ReduceOp::kSum),
-                                            "all_gather", *state),
+                                            Operation::kAllGather, *state),
                             ChunkHalf::kAllGather, in.size_bytes());
 }
 

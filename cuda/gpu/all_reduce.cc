@@ -12,31 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "common/failure_text.h"
+#include "common/find_rank.h"
 #include "common/handler_args.h"
-#include "common/registry.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
 
 namespace jax_ar::gpu {
 
-std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ffi::Error& error) {
-  auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-  if (state == nullptr) {
-    error = InvalidArgument(
-        "no communicator " + std::to_string(comm_id) + " on GPU " +
-        std::to_string(device_ordinal) +
-        ": it was closed, or this device is not in the mesh given to jax_ar.setup()");
-    return nullptr;
-  }
-  if (std::string failure = state->Failure(); !failure.empty()) {
-    error = ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                       "jax_ar: this communicator failed earlier and cannot be used: " + failure);
-    return nullptr;
-  }
-  return state;
-}
-
-void FillProtocolArgs(const RankState& state, ProtocolArgs& a) {
+void FillProtocolArgs(const RankState& state, Operation operation, ProtocolArgs& a) {
   for (int r = 0; r < state.world; ++r) a.workspaces[r] = state.workspaces[r];
   a.local = state.local;
   a.record = state.record_device;
@@ -46,6 +30,14 @@ void FillProtocolArgs(const RankState& state, ProtocolArgs& a) {
   a.plain_half_bytes = state.layout().plain_half;
   a.rank = state.rank;
   a.world = state.world;
+  a.operation = operation;
+}
+
+ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err) {
+  const std::string core =
+      LaunchFailedText(operation, state.rank, state.label, cudaGetErrorString(err));
+  state.SetHostFailure(core);
+  return Internal(Unusable(core));
 }
 
 int OneShotBlocks(uint64_t bytes, int world) {
@@ -82,6 +74,8 @@ bool ToDtype(ffi::DataType t, Dtype& d) {
 }
 
 namespace {
+
+constexpr Operation kOperation = Operation::kAllReduce;
 
 std::atomic<uint64_t> handler_calls{0};
 
@@ -133,7 +127,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
   }
   const uint64_t signature = CallSignature(pieces, op, algorithm, state.world);
   LaunchArgs a{};
-  FillProtocolArgs(state, a);
+  FillProtocolArgs(state, kOperation, a);
   a.slot_bytes = slot;
   a.op = static_cast<int32_t>(op);
 
@@ -159,7 +153,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
       s.aligned = IsAligned(s.in) && IsAligned(s.out);
     }
     a.bytes = end - begin;
-    a.signature = HashMix(HashMix(signature, index), a.bytes);
+    a.signature = SignatureOf(kOperation, HashMix(HashMix(signature, index), a.bytes));
     int blocks;
     if (algorithm == Algorithm::kOneShot) {
       blocks = OneShotBlocks(a.bytes, state.world);
@@ -170,9 +164,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
       blocks = plan.blocks;
     }
     if (const cudaError_t err = LaunchAllReduce(algorithm, a, blocks, stream); err != cudaSuccess) {
-      const std::string text = std::string("all_reduce kernel launch failed: ") + cudaGetErrorString(err);
-      state.SetHostFailure(text);
-      return Internal(text);
+      return LaunchFailed(state, kOperation, err);
     }
     begin = end;
   }
@@ -187,10 +179,13 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
   handler_calls.fetch_add(1, std::memory_order_relaxed);
-  if (auto error = CheckReduceOp("all_reduce", op); error.failure()) return error;
-  if (auto error = CheckAlgorithm("all_reduce", algorithm); error.failure()) return error;
+  if (auto error = CheckReduceOp(OperationName(kOperation), op); error.failure()) return error;
+  if (auto error = CheckAlgorithm(OperationName(kOperation), algorithm); error.failure()) {
+    return error;
+  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
+                                   error);
   if (state == nullptr) return error;
   std::vector<Piece> pieces;
   uint64_t total = 0;

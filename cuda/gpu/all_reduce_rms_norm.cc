@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/find_rank.h"
 #include "common/rms_norm_args.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
@@ -14,6 +15,7 @@
 namespace jax_ar::gpu {
 namespace {
 
+constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 constexpr const char* kOp = "all_reduce_rms_norm";
 constexpr int kMaxVectorsPerThread = 4;
 constexpr int kMaxThreadsPerRow = 1024;
@@ -89,7 +91,8 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     return error;
   }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
+                                   error);
   if (state == nullptr) return error;
   if (rows == 0) return ffi::Error::Success();
 
@@ -126,7 +129,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
   const int rows_at_once = plan.block_threads / plan.threads_per_row;
 
   RmsNormLaunchArgs a{};
-  FillProtocolArgs(*state, a);
+  FillProtocolArgs(*state, kOperation, a);
   a.gamma = gamma.untyped_data();
   a.scale = scale.typed_data();
   a.row_vectors = static_cast<int32_t>(hidden / lanes);
@@ -141,7 +144,8 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     a.residual = static_cast<const std::byte*>(residual.untyped_data()) + first * row_bytes;
     a.residual_out = static_cast<std::byte*>(residual_out->untyped_data()) + first * row_bytes;
     a.out = static_cast<std::byte*>(out->untyped_data()) + first * out_row_bytes;
-    a.signature = HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows);
+    a.signature =
+        SignatureOf(kOperation, HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows));
     int64_t blocks;
     if (algo == Algorithm::kOneShot) {
       a.slot_bytes = AlignDown(layout.ll_half / world);
@@ -157,11 +161,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     if (algo == Algorithm::kTwoShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
     const cudaError_t err = LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks),
                                                    plan.block_threads, plan.vectors_per_thread, stream);
-    if (err != cudaSuccess) {
-      const std::string text = std::string(kOp) + " kernel launch failed: " + cudaGetErrorString(err);
-      state->SetHostFailure(text);
-      return Internal(text);
-    }
+    if (err != cudaSuccess) return LaunchFailed(*state, kOperation, err);
   }
   return ffi::Error::Success();
 }

@@ -12,12 +12,12 @@
 
 namespace jax_ar::gpu {
 
-// The rank state of (comm_id, device), or nullptr with `error` set; also
-// fails when an earlier call of the communicator failed.
-std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ffi::Error& error);
+// The protocol fields of a launch of `operation`, from the rank state alone.
+void FillProtocolArgs(const RankState& state, Operation operation, ProtocolArgs& args);
 
-// The protocol fields of a launch, from the rank state alone.
-void FillProtocolArgs(const RankState& state, ProtocolArgs& args);
+// Records that a launch of `operation` could not start (the rank is then
+// failed) and returns the handler's error.
+ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err);
 
 // Launch configuration, from static sizes and the world size only, so that
 // every rank launches the same grid and cuts data into the same pieces.

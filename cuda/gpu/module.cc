@@ -23,6 +23,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "common/comm_resources.h"
+#include "common/failure_text.h"
 #include "common/module_util.h"
 #include "common/rank_identity.h"
 #include "common/registry.h"
@@ -407,7 +408,8 @@ NB_MODULE(_jax_ar_cuda, m) {
   m.def("failure",
         [](uint64_t comm_id, int device_ordinal) -> std::string {
           auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-          return state ? state->Failure() : std::string();
+          const std::string core = state ? state->Failure() : std::string();
+          return core.empty() ? core : Unusable(core);
         },
         nb::arg("comm_id"), nb::arg("device_ordinal"),
         "The message of the call that broke this rank, or '' while it is healthy.");

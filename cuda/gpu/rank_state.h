@@ -54,6 +54,8 @@ struct CommResources {
 };
 
 struct RankState : RankIdentity {
+  static constexpr const char* kDeviceKind = "GPU";
+
   RankState() = default;
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
@@ -69,10 +71,12 @@ struct RankState : RankIdentity {
 
   DataLayout layout() const { return LayoutOf(workspace_bytes); }
 
-  // The failure message of this rank, or "" while it is healthy.
+  // The core of this rank's failure (failure_text.h), or "" while it is
+  // healthy.
   std::string Failure() const;
-  // Records a failure found on the host (a launch that did not start).
-  void SetHostFailure(const std::string& text);
+  // Records a failure found on the host (a launch that did not start), as
+  // the core of its message.
+  void SetHostFailure(const std::string& core);
 
  private:
   mutable std::mutex failure_mutex_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/find_rank.h"
 #include "common/handler_args.h"
 #include "gpu/handlers.h"
 #include "gpu/reduce_scatter_all_gather.h"
@@ -34,12 +35,14 @@ ffi::Error RunChunkLaunches(cudaStream_t stream, RankState& state, ChunkCollecti
                             ChunkLaunchArgs& a, uint64_t signature) {
   const uint64_t slot = SlotBytes(state, Algorithm::kOneShot);
   if (slot == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
-  FillProtocolArgs(state, a);
+  const Operation operation = kind == ChunkCollective::kReduceScatter ? Operation::kReduceScatter
+                                                                      : Operation::kAllGather;
+  FillProtocolArgs(state, operation, a);
   a.slot_bytes = slot;
   for (uint64_t offset = 0, index = 0; offset < a.chunk_bytes; offset += slot, ++index) {
     a.offset = offset;
     a.bytes = std::min(slot, a.chunk_bytes - offset);
-    a.signature = HashMix(HashMix(signature, index), a.bytes);
+    a.signature = SignatureOf(operation, HashMix(HashMix(signature, index), a.bytes));
     // Blocks from this launch's size and the world size alone, as two-shot
     // does for a message of `world` such chunks.
     const TwoShotPlan plan = PlanTwoShot(a.bytes * state.world, state.world, kChunkThreads);
@@ -47,14 +50,7 @@ ffi::Error RunChunkLaunches(cudaStream_t stream, RankState& state, ChunkCollecti
     const cudaError_t err = kind == ChunkCollective::kReduceScatter
                                 ? LaunchReduceScatter(a, plan.blocks, stream)
                                 : LaunchAllGather(a, plan.blocks, stream);
-    if (err != cudaSuccess) {
-      const std::string text = std::string(kind == ChunkCollective::kReduceScatter
-                                               ? "reduce_scatter"
-                                               : "all_gather") +
-                               " kernel launch failed: " + cudaGetErrorString(err);
-      state.SetHostFailure(text);
-      return Internal(text);
-    }
+    if (err != cudaSuccess) return LaunchFailed(state, operation, err);
   }
   return ffi::Error::Success();
 }
@@ -72,7 +68,8 @@ ffi::Error ReduceScatterHandler(cudaStream_t stream,
   ChunkLaunchArgs a{};
   ToDtype(in.element_type(), a.dtype);
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
+                                   Operation::kReduceScatter, error);
   if (state == nullptr) return error;
   if (auto error = CheckReduceScatterShapes(in, *out, state->world); error.failure()) return error;
   if (out->size_bytes() == 0) return ffi::Error::Success();
@@ -92,7 +89,8 @@ ffi::Error AllGatherHandler(cudaStream_t stream,
                             int64_t comm_id) {                // Communicator.comm_id
   // Only bytes move, so any element type will do.
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
+                                   Operation::kAllGather, error);
   if (state == nullptr) return error;
   if (auto error = CheckAllGatherShapes(in, *out, state->world); error.failure()) return error;
   if (in.size_bytes() == 0) return ffi::Error::Success();
