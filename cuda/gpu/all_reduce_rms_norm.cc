@@ -11,36 +11,14 @@
 #include "common/rms_norm_args.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
+#include "gpu/row_plan.h"
 
 namespace jax_ar::gpu {
 namespace {
 
 constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 constexpr const char* kOp = "all_reduce_rms_norm";
-constexpr int kMaxVectorsPerThread = 4;
-constexpr int kMaxThreadsPerRow = 1024;
-constexpr int kMinBlockThreads = 256;
-
 ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
-
-// Threads per row (a power of two, one 16-byte vector each up to 1024
-// threads) and vectors per thread, from the row length alone.
-struct RowPlan {
-  int threads_per_row;
-  int vectors_per_thread;
-  int block_threads;
-};
-
-RowPlan PlanRow(int row_vectors) {
-  RowPlan plan;
-  plan.threads_per_row = 1;
-  while (plan.threads_per_row < row_vectors && plan.threads_per_row < kMaxThreadsPerRow) {
-    plan.threads_per_row *= 2;
-  }
-  plan.vectors_per_thread = (row_vectors + plan.threads_per_row - 1) / plan.threads_per_row;
-  plan.block_threads = std::max(plan.threads_per_row, kMinBlockThreads);
-  return plan;
-}
 
 uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, int64_t rows, int64_t hidden,
                    int32_t quantize, float eps) {
@@ -125,8 +103,8 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                    " ranks); set up the communicator with a larger workspace_bytes");
   }
   const uint64_t signature = Signature(algo, world, dtype, rows, hidden, quantize, eps);
-  const RowPlan plan = PlanRow(static_cast<int>(hidden / lanes));
-  const int rows_at_once = plan.block_threads / plan.threads_per_row;
+  const RowPlan plan = PlanRow(static_cast<int>(hidden / lanes), kFusedVectorsPerThread);
+  const int rows_at_once = plan.rows_per_block;
 
   RmsNormLaunchArgs a{};
   FillProtocolArgs(*state, kOperation, a);
@@ -159,8 +137,9 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     }
     blocks = std::clamp<int64_t>(blocks, 1, BlockCap(world));
     if (algo == Algorithm::kTwoShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
-    const cudaError_t err = LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks),
-                                                   plan.block_threads, plan.vectors_per_thread, stream);
+    const cudaError_t err =
+        LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks), plan.block_threads(),
+                               plan.vectors_per_thread, stream);
     if (err != cudaSuccess) return LaunchFailed(*state, kOperation, err);
   }
   return ffi::Error::Success();

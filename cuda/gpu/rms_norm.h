@@ -8,12 +8,6 @@
 
 namespace jax_ar::gpu {
 
-// A row is held in registers as 16-byte vectors: at most this many vectors
-// per row (4 per thread, 1024 threads), i.e. hidden <= 32768 for 16-bit
-// types and 16384 for float32. jax_ar/rms_norm.py mirrors the limit and
-// serves larger or unaligned rows with XLA's own ops.
-inline constexpr int kMaxRowVectors = 4096;
-
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kRmsNorm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAddRmsNorm);
 
