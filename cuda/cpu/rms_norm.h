@@ -15,19 +15,20 @@
 #include <cstdint>
 
 #include "common/ffi_util.h"
+#include "common/inverse_rms.h"
 #include "common/rms_norm_args.h"
 #include "cpu/numeric.h"
 
 namespace jax_ar::cpu {
 
-// 1 / sqrt(mean(v * v) + eps). The sum is accumulated in double, so the CPU
-// result is at least as accurate as the GPU's float32 tree; the tests'
-// tolerances cover both.
+// 1 / sqrt(mean(v * v) + eps): squares summed in double in element order,
+// then the formula every backend shares (common/inverse_rms.h). The GPU sums
+// the same exact squares in another order, so the two agree but for the
+// last bits of the double sum.
 inline float InverseRms(const float* v, size_t hidden, float eps) {
   double sum = 0;
   for (size_t i = 0; i < hidden; ++i) sum += static_cast<double>(v[i]) * v[i];
-  const double mean = sum / static_cast<double>(hidden);
-  return static_cast<float>(1.0 / std::sqrt(mean + static_cast<double>(eps)));
+  return InverseRmsOfSumOfSquares(sum, hidden, eps);
 }
 
 // float32 -> float8_e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa

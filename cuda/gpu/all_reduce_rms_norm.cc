@@ -113,7 +113,6 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
   a.row_vectors = static_cast<int32_t>(hidden / lanes);
   a.threads_per_row = plan.threads_per_row;
   a.eps = eps;
-  a.inv_hidden = 1.0f / static_cast<float>(hidden);
   a.quantize = quantize;
   a.dtype = dtype;
   for (int64_t first = 0, index = 0; first < rows; first += rows_per_launch, ++index) {

@@ -229,7 +229,6 @@ struct RmsNormLaunchArgs : ProtocolArgs {
   int32_t row_vectors;      // hidden / lanes
   int32_t threads_per_row;  // power of two; blockDim.x / threads_per_row rows at a time
   float eps;
-  float inv_hidden;
   int32_t quantize;
   Dtype dtype;
 };

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "common/rms_norm_args.h"
+#include "gpu/row_norm.cuh"
 #include "gpu/row_plan.h"
 #include "gpu/vec.cuh"
 
@@ -45,33 +46,15 @@ struct NormArgs {
   int64_t rows;
   int row_vectors;      // hidden / lanes
   int threads_per_row;  // power of two
-  float inv_hidden;
   float eps;
 };
-
-// Sum over the threads of one row group. `partials` holds one float per warp
-// of the block; only groups wider than a warp use it.
-__device__ __forceinline__ float RowSum(float value, int threads_per_row, float* partials) {
-  const int width = min(threads_per_row, 32);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  if (threads_per_row <= 32) return value;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partials[threadIdx.y * (threads_per_row / 32) + warp] = value;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < threads_per_row / 32; ++w) total += partials[threadIdx.y * (threads_per_row / 32) + w];
-  return total;
-}
 
 // Normalizes the row group starting at row `first` (blockDim.y rows, one per
 // threadIdx.y).
 template <Dtype D, int kVectors, bool kResidual>
 __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t first,
-                                                  float* partials) {
-  using L = NormVec<D>;
+                                                  double* partials) {
+  using V = NormVec<D>;
   const int64_t row = first + threadIdx.y;
   const bool active = row < args.rows;
   const int64_t base = row * args.row_vectors;
@@ -92,42 +75,43 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
     }
   }
 
-  float v[kVectors][L::kLanes];
-  float sum_squares = 0.0f;
+  float v[kVectors][V::kLanes];
+  double sum_of_squares = 0.0;
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (active && i < args.row_vectors) {
-      L::Unpack(loaded[k], v[k]);
+      V::Unpack(loaded[k], v[k]);
       if constexpr (kResidual) {
-        // The residual stream is kept in T: round the sum, store it, and
+        // The residual stream is kept in x's type: round the sum, store it, and
         // normalize the stored value.
-        float r[L::kLanes];
-        L::Unpack(loaded_residual[k], r);
+        float r[V::kLanes];
+        V::Unpack(loaded_residual[k], r);
 #pragma unroll
-        for (int j = 0; j < L::kLanes; ++j) v[k][j] = __fadd_rn(v[k][j], r[j]);
-        const uint4 rounded = L::Pack(v[k]);
+        for (int j = 0; j < V::kLanes; ++j) v[k][j] = __fadd_rn(v[k][j], r[j]);
+        const uint4 rounded = V::Pack(v[k]);
         static_cast<uint4*>(args.residual_out)[base + i] = rounded;
-        L::Unpack(rounded, v[k]);
+        V::Unpack(rounded, v[k]);
       }
-#pragma unroll
-      for (int j = 0; j < L::kLanes; ++j) sum_squares = fmaf(v[k][j], v[k][j], sum_squares);
+      AddSquares<V::kLanes>(v[k], sum_of_squares);
     }
   }
 
-  const float total = RowSum(sum_squares, args.threads_per_row, partials);
-  const float inv_rms = rsqrtf(fmaf(total, args.inv_hidden, args.eps));
+  // One row group per block: partials are written once.
+  const float inv_rms = RowInverseRms</*kPartialsReused=*/false>(
+      sum_of_squares, args.row_vectors * V::kLanes, args.eps, args.threads_per_row, threadIdx.x,
+      threadIdx.y, partials);
   if (!active) return;
   auto* out = static_cast<uint4*>(args.out) + base;
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (i < args.row_vectors) {
-      float g[L::kLanes];
-      L::Unpack(kPrefetchGamma ? loaded_gamma[k] : gamma[i], g);
+      float g[V::kLanes];
+      V::Unpack(kPrefetchGamma ? loaded_gamma[k] : gamma[i], g);
 #pragma unroll
-      for (int j = 0; j < L::kLanes; ++j) v[k][j] = __fmul_rn(__fmul_rn(v[k][j], inv_rms), g[j]);
-      out[i] = L::Pack(v[k]);
+      for (int j = 0; j < V::kLanes; ++j) v[k][j] = __fmul_rn(__fmul_rn(v[k][j], inv_rms), g[j]);
+      out[i] = V::Pack(v[k]);
     }
   }
 }
@@ -137,7 +121,7 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
 // see docs/rms_norm.md.)
 template <Dtype D, int kVectors, bool kResidual>
 __global__ void __launch_bounds__(kMaxThreadsPerRow, 1) RmsNormKernel(NormArgs args) {
-  extern __shared__ float partials[];
+  extern __shared__ double partials[];
   NormalizeRowGroup<D, kVectors, kResidual>(args, static_cast<int64_t>(blockIdx.x) * blockDim.y,
                                             partials);
 }
@@ -147,7 +131,7 @@ cudaError_t LaunchVectors(cudaStream_t stream, const NormArgs& args, const RowPl
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   const int64_t blocks = (args.rows + plan.rows_per_block - 1) / plan.rows_per_block;
   const size_t shared = plan.threads_per_row > 32
-                            ? sizeof(float) * plan.rows_per_block * (plan.threads_per_row / 32)
+                            ? sizeof(double) * plan.rows_per_block * (plan.threads_per_row / 32)
                             : 0;
   RmsNormKernel<D, kVectors, kResidual><<<blocks, block, shared, stream>>>(args);
   return cudaGetLastError();
@@ -204,7 +188,6 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
   args.residual_out = residual_out ? residual_out->untyped_data() : nullptr;
   args.rows = static_cast<int64_t>(rows);
   args.row_vectors = static_cast<int>(hidden / lanes);
-  args.inv_hidden = 1.0f / static_cast<float>(hidden);
   args.eps = eps;
   const RowPlan plan = PlanRow(args.row_vectors, kRmsNormVectorsPerThread);
   args.threads_per_row = plan.threads_per_row;
