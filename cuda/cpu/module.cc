@@ -12,6 +12,7 @@
 
 #include "common/comm_resources.h"
 #include "common/failure_text.h"
+#include "common/fused_row_fit.h"
 #include "common/module_util.h"
 #include "common/rank_identity.h"
 #include "common/registry.h"
@@ -134,19 +135,34 @@ NB_MODULE(_jax_ar_cpu, m) {
 
   m.def("capacities",
         [](size_t workspace_bytes, int world) {
+          CheckCapacityArgs(workspace_bytes, world);
           // What the protocol of a rank with this workspace carries per round,
           // from the same functions the handlers use.
           RankState state;
           state.world = world;
           state.workspace_bytes = workspace_bytes;
+          const size_t sender_share = SlotBytes(state, Algorithm::kOneShot);
           nb::dict out;
           out["oneshot"] = RoundCapacity(state, Algorithm::kOneShot);
           out["twoshot"] = RoundCapacity(state, Algorithm::kTwoShot);
-          out["sender_share"] = SlotBytes(state, Algorithm::kOneShot);
+          out["sender_share"] = sender_share;
+          // The CPU handler runs any row (its all-reduce cuts anywhere); it
+          // reports the CUDA handler's rule over its own share, which is what
+          // Python decided the fused path by on CPU, so that CI takes the
+          // paths a GPU would.
+          out["max_fused_row_bytes"] = LongestFittingRow(sender_share, [&](uint64_t row_bytes) {
+            return FusedGroupRows(sender_share, row_bytes, row_bytes) > 0;
+          });
           return out;
         },
         nb::arg("workspace_bytes"), nb::arg("world"),
-        "Bytes one round carries per algorithm, and a sender's share of a data half.");
+        "Bytes one round carries per algorithm (oneshot, twoshot), a sender's share of a data "
+        "half (sender_share), and the longest row all_reduce_rms_norm fuses "
+        "(max_fused_row_bytes).");
+
+  m.def("limits", &CommonLimits,
+        "max_ranks, control_bytes, and the rows the norm kernels take (vector_bytes, "
+        "fused_min_hidden, fused_max_hidden).");
 
   m.def("live_ranks", []() { return Registry<RankState>::Instance().Size(); },
         "Rank states registered in this process (for leak checks).");

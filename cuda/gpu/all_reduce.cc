@@ -57,12 +57,6 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads) {
   return plan;
 }
 
-uint64_t SlotBytes(const RankState& state, Algorithm algorithm) {
-  const DataLayout layout = state.layout();
-  return algorithm == Algorithm::kOneShot ? AlignDown(layout.ll_half / state.world)
-                                          : AlignDown(layout.plain_half / (2 * state.world));
-}
-
 bool ToDtype(ffi::DataType t, Dtype& d) {
   switch (t) {
     case ffi::DataType::F32: d = Dtype::kF32; return true;
@@ -118,10 +112,8 @@ bool IsAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign =
 
 ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
                         uint64_t total, ReduceOp op, Algorithm algorithm) {
-  const uint64_t slot = SlotBytes(state, algorithm);
-  // One-shot packets carry 8 data bytes in 16; two-shot chunks fill a slot.
-  const uint64_t capacity =
-      algorithm == Algorithm::kOneShot ? AlignDown(slot / 2) : slot * state.world;
+  const uint64_t slot = SlotBytes(state.layout(), state.world, algorithm);
+  const uint64_t capacity = RoundCapacity(state.layout(), state.world, algorithm);
   if (capacity == 0) {
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/find_rank.h"
+#include "common/norm_limits.h"
 #include "common/rms_norm_args.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
@@ -57,9 +58,10 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
   const size_t element_bytes = DtypeBytes(x.element_type());
   Dtype dtype;
   ToDtype(x.element_type(), dtype);  // one of the three CheckAllReduceRmsNormCall accepts
-  const int64_t lanes = 16 / static_cast<int64_t>(element_bytes);
-  if (hidden < 128 || hidden > 16384 || hidden % lanes != 0) {
-    return Invalid("the CUDA kernel needs a hidden size in [128, 16384] that is a multiple of " +
+  const int64_t lanes = static_cast<int64_t>(kNormVectorBytes / element_bytes);
+  if (hidden < kFusedMinHidden || hidden > kFusedMaxHidden || hidden % lanes != 0) {
+    return Invalid("the CUDA kernel needs a hidden size in [" + std::to_string(kFusedMinHidden) +
+                   ", " + std::to_string(kFusedMaxHidden) + "] that is a multiple of " +
                    std::to_string(lanes) + ", got " + std::to_string(hidden));
   }
   if (auto error = CheckAligned(kOp, {x.untyped_data(), residual.untyped_data(),
@@ -78,19 +80,8 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
   const uint64_t row_bytes = static_cast<uint64_t>(hidden) * element_bytes;
   const uint64_t out_row_bytes = static_cast<uint64_t>(hidden) * (quantize ? 1 : element_bytes);
   const DataLayout layout = state->layout();
-  // Rows one launch carries. one-shot: LL packets double x's bytes in each
-  // sender's slot of the LL half. two-shot: per sender and group row of the
-  // plain half, x in phase 0 and both outputs in phase 1 (16 bytes of
-  // alignment slack per region).
-  const auto rows_per_launch_of = [&](Algorithm a) -> int64_t {
-    if (a == Algorithm::kOneShot) {
-      return static_cast<int64_t>(layout.ll_half / (static_cast<uint64_t>(world) * 2 * row_bytes));
-    }
-    const uint64_t per_sender = layout.plain_half / world;
-    const uint64_t slack = 3 * kAlign;
-    const uint64_t group_rows =
-        per_sender > slack ? (per_sender - slack) / (2 * row_bytes + out_row_bytes) : 0;
-    return static_cast<int64_t>(group_rows) * world;
+  const auto rows_per_launch_of = [&](Algorithm a) {
+    return FusedRowsPerLaunch(layout, world, a, row_bytes, out_row_bytes);
   };
   Algorithm algo = static_cast<Algorithm>(algorithm);
   // The LL region is a quarter of the data area: a row too long for it goes
@@ -125,7 +116,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
         SignatureOf(kOperation, HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows));
     int64_t blocks;
     if (algo == Algorithm::kOneShot) {
-      a.slot_bytes = AlignDown(layout.ll_half / world);
+      a.slot_bytes = SlotBytes(layout, world, Algorithm::kOneShot);
       blocks = (a.rows + rows_at_once - 1) / rows_at_once;
     } else {
       a.group_rows = (a.rows + world - 1) / world;

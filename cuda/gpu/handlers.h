@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "common/ffi_util.h"
+#include "gpu/capacity.h"
 #include "gpu/layout.h"
 #include "gpu/rank_state.h"
 
@@ -32,9 +33,6 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 // The kernels' element type of an XLA type the reductions take (f32, bf16,
 // f16, s32); false for any other.
 bool ToDtype(ffi::DataType t, Dtype& d);
-
-// Bytes of one sender's slot in a data half, for an algorithm's layout.
-uint64_t SlotBytes(const RankState& state, Algorithm algorithm);
 
 // How often the all-reduce handler ran in this process: under CUDA graphs
 // it runs when XLA records a graph, not per call (benchmarks report it).

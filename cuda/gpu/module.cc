@@ -29,7 +29,9 @@
 #include "common/registry.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
+#include "gpu/capacity.h"
 #include "gpu/rank_state.h"
+#include "gpu/row_plan.h"
 #include "gpu/rms_norm.h"
 #include "gpu/reduce_scatter_all_gather.h"
 #include "gpu/reduce_scatter_all_gather_handlers.h"
@@ -365,21 +367,29 @@ NB_MODULE(_jax_ar_cuda, m) {
 
   m.def("capacities",
         [](uint64_t workspace_bytes, int world) {
-          // What one launch carries per algorithm (all_reduce.cc: one-shot LL
-          // packets hold 8 data bytes in 16; two-shot fills a plain slot per
-          // rank), and a sender's share of a plain half (the fused kernel's
-          // two-shot rows).
+          CheckCapacityArgs(workspace_bytes, world);
           const DataLayout layout = LayoutOf(workspace_bytes);
-          const uint64_t ll_slot = AlignDown(layout.ll_half / world);
-          const uint64_t plain_slot = AlignDown(layout.plain_half / (2 * world));
           nb::dict out;
-          out["oneshot"] = AlignDown(ll_slot / 2);
-          out["twoshot"] = plain_slot * world;
-          out["sender_share"] = layout.plain_half / world;
+          out["oneshot"] = RoundCapacity(layout, world, Algorithm::kOneShot);
+          out["twoshot"] = RoundCapacity(layout, world, Algorithm::kTwoShot);
+          out["sender_share"] = SenderShare(layout, world);
+          out["max_fused_row_bytes"] = MaxFusedRowBytes(layout, world);
           return out;
         },
         nb::arg("workspace_bytes"), nb::arg("world"),
-        "Bytes one launch carries per algorithm, and a sender's share of a plain half.");
+        "Bytes one launch carries per algorithm (oneshot, twoshot), a sender's share of a "
+        "plain half (sender_share), and the longest row all_reduce_rms_norm fuses "
+        "(max_fused_row_bytes), from the functions the handlers use (capacity.h).");
+
+  m.def("limits",
+        []() {
+          nb::dict limits = CommonLimits();
+          limits["rms_norm_max_row_vectors"] = kMaxRowVectors;
+          return limits;
+        },
+        "max_ranks, control_bytes, the rows the norm kernels take (vector_bytes, "
+        "fused_min_hidden, fused_max_hidden) and the longest row of rms_norm's kernel in "
+        "16-byte vectors (rms_norm_max_row_vectors).");
 
   m.def("registrations", []() {
     nb::dict targets;

@@ -33,7 +33,7 @@ uint64_t ChunkSignature(ChunkCollective kind, int32_t op, int world, ffi::DataTy
 // worth per launch.
 ffi::Error RunChunkLaunches(cudaStream_t stream, RankState& state, ChunkCollective kind,
                             ChunkLaunchArgs& a, uint64_t signature) {
-  const uint64_t slot = SlotBytes(state, Algorithm::kOneShot);
+  const uint64_t slot = SlotBytes(state.layout(), state.world, Algorithm::kOneShot);
   if (slot == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   const Operation operation = kind == ChunkCollective::kReduceScatter ? Operation::kReduceScatter
                                                                       : Operation::kAllGather;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/norm_limits.h"
 #include "common/rms_norm_args.h"
 #include "gpu/row_norm.cuh"
 #include "gpu/row_plan.h"
@@ -166,7 +167,7 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
     return error;
   }
   const ffi::DataType dtype = x.element_type();
-  const size_t lanes = 16 / DtypeBytes(dtype);
+  const size_t lanes = kNormVectorBytes / DtypeBytes(dtype);
   if (hidden % lanes != 0 || hidden / lanes > static_cast<size_t>(kMaxRowVectors)) {
     return InvalidCall(kOp, "the CUDA kernel needs a hidden size that is a multiple of " +
                                 std::to_string(lanes) + " up to " +

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 
+#include "common/norm_limits.h"
+
 namespace jax_ar::gpu {
 
 inline constexpr int kMaxVectorsPerThread = 4;  // the kernels are instantiated for 1..4
@@ -16,6 +18,8 @@ inline constexpr int kMaxThreadsPerRow = 1024;
 inline constexpr int kMinBlockThreads = 256;
 /// The longest row (in 16-byte vectors) a plan holds.
 inline constexpr int kMaxRowVectors = kMaxThreadsPerRow * kMaxVectorsPerThread;
+static_assert(kFusedMaxHidden * sizeof(float) / kNormVectorBytes <= kMaxRowVectors,
+              "the fused kernel's longest float32 row must fit a row plan");
 
 // The two kernels want different loads per thread before a row's group
 // widens, so they plan with different `vectors_per_thread_wanted`:
