@@ -9,6 +9,7 @@
 
 #include "common/norm_limits.h"
 #include "common/protocol.h"
+#include "xla/ffi/api/c_api.h"
 
 namespace jax_ar {
 
@@ -16,6 +17,29 @@ namespace jax_ar {
 template <typename T>
 nanobind::capsule EncapsulateHandler(T* fn) {
   return nanobind::capsule(reinterpret_cast<void*>(fn));
+}
+
+// The handlers every module has, one per FFI target the primitives lower to.
+struct Handlers {
+  XLA_FFI_Handler* all_reduce;
+  XLA_FFI_Handler* reduce_scatter;
+  XLA_FFI_Handler* all_gather;
+  XLA_FFI_Handler* rms_norm;
+  XLA_FFI_Handler* add_rms_norm;
+  XLA_FFI_Handler* all_reduce_rms_norm;
+};
+
+// registrations(): {target name: handler capsule}, the names jax_ar/*.py
+// lower to; a module adds its own targets to the dict.
+inline nanobind::dict Registrations(const Handlers& h) {
+  nanobind::dict targets;
+  targets["jax_ar_all_reduce"] = EncapsulateHandler(h.all_reduce);
+  targets["jax_ar_reduce_scatter"] = EncapsulateHandler(h.reduce_scatter);
+  targets["jax_ar_all_gather"] = EncapsulateHandler(h.all_gather);
+  targets["jax_ar_rms_norm"] = EncapsulateHandler(h.rms_norm);
+  targets["jax_ar_add_rms_norm"] = EncapsulateHandler(h.add_rms_norm);
+  targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(h.all_reduce_rms_norm);
+  return targets;
 }
 
 // The limits() keys both modules report (a module adds its own):

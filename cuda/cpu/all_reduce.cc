@@ -3,8 +3,7 @@
 
 #include <string>
 
-#include "common/find_rank.h"
-#include "common/handler_args.h"
+#include "common/handler_start.h"
 #include "cpu/exchange.h"
 #include "cpu/rank_state.h"
 
@@ -12,21 +11,14 @@ namespace jax_ar::cpu {
 
 namespace {
 
-constexpr Operation kOperation = Operation::kAllReduce;
-
 ffi::Error AllReduceHandler(int32_t device_ordinal,
                             ffi::RemainingArgs args,  // arrays to reduce
                             ffi::RemainingRets rets,  // their reductions, same shapes
                             int64_t comm_id,          // Communicator.comm_id
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
-  if (auto error = CheckReduceOp(OperationName(kOperation), op); error.failure()) return error;
-  if (auto error = CheckAlgorithm(OperationName(kOperation), algorithm); error.failure()) {
-    return error;
-  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
-                                   error);
+  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm, error);
   if (state == nullptr) return error;
   std::vector<Segment> segments;
   if (auto error = SegmentsFromBuffers(args, rets, segments); error.failure()) return error;

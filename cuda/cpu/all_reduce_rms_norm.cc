@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/find_rank.h"
+#include "common/handler_start.h"
 #include "cpu/exchange.h"
 #include "cpu/rms_norm.h"
 
@@ -19,7 +19,6 @@ namespace jax_ar::cpu {
 namespace {
 
 constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
-constexpr const char* kOp = "all_reduce_rms_norm";
 
 template <typename Traits>
 ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::AnyBuffer& x,
@@ -85,16 +84,12 @@ ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
   size_t rows = 0, hidden = 0;
-  if (auto error = CheckAllReduceRmsNormCall(kOp, algorithm, quantize, x, residual, gamma, *out,
-                                             *residual_out, eps, rows, hidden);
-      error.failure()) {
-    return error;
-  }
-  const ffi::DataType dtype = x.element_type();
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
-                                   error);
+  auto state = StartAllReduceRmsNorm<RankState>(comm_id, device_ordinal, algorithm, quantize, x,
+                                                residual, gamma, *out, *residual_out, eps, rows,
+                                                hidden, error);
   if (state == nullptr) return error;
+  const ffi::DataType dtype = x.element_type();
   const float scale_value = quantize ? *scale.typed_data() : 1.0f;
   DispatchNormDtype(dtype, [&](auto traits) {
     error = ReduceAndNormalize<decltype(traits)>(

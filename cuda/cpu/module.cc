@@ -47,13 +47,9 @@ NB_MODULE(_jax_ar_cpu, m) {
   m.doc() = "jax_ar CPU backend";
 
   m.def("registrations", []() {
-    nb::dict targets;
-    targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
-    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
-    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
-    targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
-    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
-    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
+    nb::dict targets = Registrations({kAllReduce, kReduceScatter, kAllGather, kRmsNorm,
+                                      kAddRmsNorm, kAllReduceRmsNorm});
+    // XLA:CPU only: keeps jax_ar's calls in program order (call_order.cc).
     targets["jax_ar_order"] = EncapsulateHandler(kCallOrder);
     return targets;
   });

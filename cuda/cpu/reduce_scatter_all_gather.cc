@@ -8,8 +8,7 @@
 #include <algorithm>
 #include <string>
 
-#include "common/handler_args.h"
-#include "common/find_rank.h"
+#include "common/handler_start.h"
 #include "cpu/exchange.h"
 
 namespace jax_ar::cpu {
@@ -33,15 +32,9 @@ ffi::Error ReduceScatterHandler(int32_t device_ordinal,
                                 ffi::Result<ffi::AnyBuffer> out,   // [...], this rank's row reduced
                                 int64_t comm_id,                   // Communicator.comm_id
                                 int32_t op) {                      // ReduceOp
-  if (auto error = CheckReduceOp("reduce_scatter", op); error.failure()) return error;
-  if (auto error = CheckReducible("reduce_scatter", in.element_type()); error.failure()) {
-    return error;
-  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
-                                   Operation::kReduceScatter, error);
+  auto state = StartReduceScatter<RankState>(comm_id, device_ordinal, in, *out, op, error);
   if (state == nullptr) return error;
-  if (auto error = CheckReduceScatterShapes(in, *out, state->world); error.failure()) return error;
   return RunChunkCollective(*state, OneArrayMessage(in, *out, op, Operation::kReduceScatter, *state),
                             ChunkHalf::kReduceScatter, out->size_bytes());
 }
@@ -50,12 +43,9 @@ ffi::Error AllGatherHandler(int32_t device_ordinal,
                             ffi::AnyBuffer in,                 // [...], this rank's chunk
                             ffi::Result<ffi::AnyBuffer> out,   // [world, ...], row j from rank j
                             int64_t comm_id) {                 // Communicator.comm_id
-  // Only bytes move, so any element type will do.
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
-                                   Operation::kAllGather, error);
+  auto state = StartAllGather<RankState>(comm_id, device_ordinal, in, *out, error);
   if (state == nullptr) return error;
-  if (auto error = CheckAllGatherShapes(in, *out, state->world); error.failure()) return error;
   return RunChunkCollective(*state,
                             OneArrayMessage(in, *out, static_cast<int32_t>(ReduceOp::kSum),
                                             Operation::kAllGather, *state),

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "common/failure_text.h"
-#include "common/find_rank.h"
 #include "common/handler_args.h"
+#include "common/handler_start.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
 
@@ -171,13 +171,8 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
   handler_calls.fetch_add(1, std::memory_order_relaxed);
-  if (auto error = CheckReduceOp(OperationName(kOperation), op); error.failure()) return error;
-  if (auto error = CheckAlgorithm(OperationName(kOperation), algorithm); error.failure()) {
-    return error;
-  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
-                                   error);
+  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm, error);
   if (state == nullptr) return error;
   std::vector<Piece> pieces;
   uint64_t total = 0;

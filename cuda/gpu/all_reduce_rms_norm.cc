@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "common/find_rank.h"
+#include "common/handler_start.h"
 #include "common/norm_limits.h"
 #include "common/rms_norm_args.h"
 #include "gpu/handlers.h"
@@ -35,6 +35,22 @@ uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, int64_t rows, in
   return hash;
 }
 
+// What the kernel needs beyond what both backends check: [tokens, hidden]
+// operands, a hidden size it serves, 16-byte aligned buffers.
+ffi::Error CheckKernelTakes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
+                            const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& out,
+                            const ffi::AnyBuffer& residual_out, int64_t hidden) {
+  if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + ShapeText(x));
+  const auto lanes = static_cast<int64_t>(kNormVectorBytes / DtypeBytes(x.element_type()));
+  if (hidden < kFusedMinHidden || hidden > kFusedMaxHidden || hidden % lanes != 0) {
+    return Invalid("the CUDA kernel needs a hidden size in [" + std::to_string(kFusedMinHidden) +
+                   ", " + std::to_string(kFusedMaxHidden) + "] that is a multiple of " +
+                   std::to_string(lanes) + ", got " + std::to_string(hidden));
+  }
+  return CheckAligned(kOp, {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
+                            residual_out.untyped_data(), out.untyped_data()});
+}
+
 ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                                    int32_t device_ordinal,                    // XLA's ordinal
                                    ffi::AnyBuffer x,                          // [T, H], this rank's part
@@ -48,33 +64,21 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
   size_t row_count = 0, hidden_size = 0;
-  if (auto error = CheckAllReduceRmsNormCall(kOp, algorithm, quantize, x, residual, gamma, *out,
-                                             *residual_out, eps, row_count, hidden_size);
+  ffi::Error error = ffi::Error::Success();
+  auto state = StartAllReduceRmsNorm<RankState>(comm_id, device_ordinal, algorithm, quantize, x,
+                                                residual, gamma, *out, *residual_out, eps,
+                                                row_count, hidden_size, error);
+  if (state == nullptr) return error;
+  const int64_t rows = static_cast<int64_t>(row_count), hidden = static_cast<int64_t>(hidden_size);
+  if (auto error = CheckKernelTakes(x, residual, gamma, *out, *residual_out, hidden);
       error.failure()) {
     return error;
   }
-  if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + ShapeText(x));
-  const int64_t rows = static_cast<int64_t>(row_count), hidden = static_cast<int64_t>(hidden_size);
+  if (rows == 0) return ffi::Error::Success();
   const size_t element_bytes = DtypeBytes(x.element_type());
+  const int64_t lanes = static_cast<int64_t>(kNormVectorBytes / element_bytes);
   Dtype dtype;
   ToDtype(x.element_type(), dtype);  // one of the three CheckAllReduceRmsNormCall accepts
-  const int64_t lanes = static_cast<int64_t>(kNormVectorBytes / element_bytes);
-  if (hidden < kFusedMinHidden || hidden > kFusedMaxHidden || hidden % lanes != 0) {
-    return Invalid("the CUDA kernel needs a hidden size in [" + std::to_string(kFusedMinHidden) +
-                   ", " + std::to_string(kFusedMaxHidden) + "] that is a multiple of " +
-                   std::to_string(lanes) + ", got " + std::to_string(hidden));
-  }
-  if (auto error = CheckAligned(kOp, {x.untyped_data(), residual.untyped_data(),
-                                      gamma.untyped_data(), residual_out->untyped_data(),
-                                      out->untyped_data()});
-      error.failure()) {
-    return error;
-  }
-  ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation,
-                                   error);
-  if (state == nullptr) return error;
-  if (rows == 0) return ffi::Error::Success();
 
   const int world = state->world;
   const uint64_t row_bytes = static_cast<uint64_t>(hidden) * element_bytes;

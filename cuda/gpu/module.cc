@@ -392,14 +392,8 @@ NB_MODULE(_jax_ar_cuda, m) {
         "16-byte vectors (rms_norm_max_row_vectors).");
 
   m.def("registrations", []() {
-    nb::dict targets;
-    targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
-    targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
-    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
-    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
-    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
-    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
-    return targets;
+    return Registrations({kAllReduce, kReduceScatter, kAllGather, kRmsNorm, kAddRmsNorm,
+                          kAllReduceRmsNorm});
   });
 
   m.def("create_workspace", &CreateWorkspace, nb::arg("comm_id"), nb::arg("device"), nb::arg("bytes"),

@@ -8,8 +8,7 @@
 #include <algorithm>
 #include <string>
 
-#include "common/find_rank.h"
-#include "common/handler_args.h"
+#include "common/handler_start.h"
 #include "gpu/handlers.h"
 #include "gpu/reduce_scatter_all_gather.h"
 #include "gpu/reduce_scatter_all_gather_handlers.h"
@@ -61,18 +60,12 @@ ffi::Error ReduceScatterHandler(cudaStream_t stream,
                                 ffi::Result<ffi::AnyBuffer> out,  // [...], my row reduced
                                 int64_t comm_id,                  // Communicator.comm_id
                                 int32_t op) {                     // ReduceOp
-  if (auto error = CheckReduceOp("reduce_scatter", op); error.failure()) return error;
-  if (auto error = CheckReducible("reduce_scatter", in.element_type()); error.failure()) {
-    return error;
-  }
-  ChunkLaunchArgs a{};
-  ToDtype(in.element_type(), a.dtype);
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
-                                   Operation::kReduceScatter, error);
+  auto state = StartReduceScatter<RankState>(comm_id, device_ordinal, in, *out, op, error);
   if (state == nullptr) return error;
-  if (auto error = CheckReduceScatterShapes(in, *out, state->world); error.failure()) return error;
   if (out->size_bytes() == 0) return ffi::Error::Success();
+  ChunkLaunchArgs a{};
+  ToDtype(in.element_type(), a.dtype);  // reducible: StartReduceScatter checked
   a.in = static_cast<const std::byte*>(in.untyped_data());
   a.out = static_cast<std::byte*>(out->untyped_data());
   a.chunk_bytes = out->size_bytes();
@@ -87,12 +80,9 @@ ffi::Error AllGatherHandler(cudaStream_t stream,
                             ffi::AnyBuffer in,                // [...], my chunk
                             ffi::Result<ffi::AnyBuffer> out,  // [world, ...], row j from rank j
                             int64_t comm_id) {                // Communicator.comm_id
-  // Only bytes move, so any element type will do.
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
-                                   Operation::kAllGather, error);
+  auto state = StartAllGather<RankState>(comm_id, device_ordinal, in, *out, error);
   if (state == nullptr) return error;
-  if (auto error = CheckAllGatherShapes(in, *out, state->world); error.failure()) return error;
   if (in.size_bytes() == 0) return ffi::Error::Success();
   ChunkLaunchArgs a{};
   a.in = static_cast<const std::byte*>(in.untyped_data());
