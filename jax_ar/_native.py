@@ -1,6 +1,6 @@
 """The compiled modules and the one loop that registers their FFI targets.
 
-`_jax_ar_host` (CPU devices) is always built; `_jax_ar_cuda` exists when the
+`_jax_ar_cpu` (CPU devices) is always built; `_jax_ar_cuda` exists when the
 package was built with a CUDA compiler. Each module's `registrations()`
 returns {target name: handler capsule}.
 """
@@ -11,18 +11,29 @@ import threading
 
 import jax
 
-import jax_ar._jax_ar_host as cpu  # the compiled CPU module (always built)
+import jax_ar._jax_ar_cpu as cpu  # the compiled CPU module (always built)
 
-__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "cpu"]
+__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "cpu", "limits"]
 
 # Mirrors of cuda/common/protocol.h.
 OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 ALGORITHM_CODES = {"oneshot": 1, "twoshot": 2}
 
 # XLA's platform names for the two kinds of device jax_ar serves.
-_PLATFORMS = {"cpu": ("_jax_ar_host", "cpu"), "gpu": ("_jax_ar_cuda", "CUDA")}
+_PLATFORMS = {"cpu": ("_jax_ar_cpu", "cpu"), "gpu": ("_jax_ar_cuda", "CUDA")}
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
+
+
+def limits(platform: str = "cpu") -> dict:
+    """The compiled module's limits (cuda/common/module_util.h CommonLimits,
+    plus the CUDA module's own): the one source of these numbers. The CPU
+    module answers for a platform whose module was not built."""
+    try:
+        module = backend_module(platform)
+    except RuntimeError:
+        module = cpu
+    return dict(module.limits())
 
 
 def backend_module(platform: str):

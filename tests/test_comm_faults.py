@@ -23,6 +23,8 @@ pytestmark = runs_on("cpu", "gpu")
 # Short deadlines keep these tests fast; scenarios that must not wait for a
 # deadline set a long one themselves and check that they did not.
 FAULT_ENV = {"JAX_AR_TIMEOUT_S": "5", "FAULT_DEADLINE_S": "2"}
+# How every failure message of both backends ends (cuda/common/failure_text.h).
+ADVICE = "The communicator is unusable until close() and a new setup()."
 
 
 def run_fault(scenario, processes=2, expect_ok=True, env=None, timeout_s=180):
@@ -68,8 +70,8 @@ def test_rank_that_skips_its_last_call_and_ends():
     took = time.monotonic() - start
     assert_ranks_checked(result, "skip_and_end", range(2))
     failed = dict(result.failures)
-    assert "jax_ar" in failed.get(0, ""), format_failure(result)
-    if not ON_GPU:  # the host backend sees the skipped call when odd closes
+    assert "jax_ar" in failed.get(0, "") and ADVICE in failed[0], format_failure(result)
+    if not ON_GPU:  # the CPU backend sees the skipped call when odd closes
         assert "jax_ar" in failed.get(1, "") and "skipped" in failed[1], format_failure(result)
         assert took < 30, f"the job took {took:.1f} s"
 
@@ -102,7 +104,8 @@ def test_stuck_rank_is_stopped_by_the_launcher():
     result = run_fault("stuck", expect_ok=False)
     took = time.monotonic() - start
     assert result.first_failed_rank == 0 and result.stopped == [1], format_failure(result)
-    assert "jax_ar" in result.failures[0][1] and "timed out" in result.failures[0][1]
+    assert all(fragment in result.failures[0][1] for fragment in
+               ("jax_ar", "timed out", "rank 0", "rank 1", ADVICE)), format_failure(result)
     stuck_log = result.logs[1]
     assert "still running" in stuck_log and "scenario_stuck" in stuck_log, stuck_log
     if not ON_GPU:  # deadline 2 s + grace 5 s + start-up
@@ -160,8 +163,8 @@ def _create_one_workspace():
         return
     from jax_ar import _native
 
-    host = _native.cpu
+    cpu = _native.cpu
     comm_id = 0x7fff_0000_0000 + os.getpid()
-    host.create_workspace(comm_id, 1 << 20)
-    host.unlink_workspaces(comm_id)
-    host.close_comm(comm_id)
+    cpu.create_workspace(comm_id, 1 << 20)
+    cpu.unlink_workspaces(comm_id)
+    cpu.close_comm(comm_id)

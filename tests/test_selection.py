@@ -34,7 +34,7 @@ def isolated_tables(tmp_path, monkeypatch):
 
 def capacity_of(world, workspace=64 << 20, platform="cpu"):
     """What one round carries, from the compiled module's own layout (the
-    GPU one when it was built, as in CI; else the host one)."""
+    GPU one when it was built, as in CI; else the CPU one)."""
     module = _native.cpu
     if platform == "gpu":
         try:

@@ -1,4 +1,4 @@
-// Small helpers shared by the host and CUDA handlers.
+// Small helpers shared by the CPU and CUDA handlers.
 #pragma once
 
 #include <cstdint>

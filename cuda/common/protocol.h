@@ -1,5 +1,6 @@
-// What every backend agrees on: the numbering of reduction ops and algorithms
-// (mirrored in jax_ar/_native.py) and the limits of a communicator.
+// What every backend agrees on: the numbering of reduction ops, algorithms
+// (mirrored in jax_ar/_native.py) and operations, and the limits of a
+// communicator.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +23,30 @@ inline constexpr size_t kControlBytes = 64 * 1024;
 
 enum class ReduceOp : int32_t { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 enum class Algorithm : int32_t { kOneShot = 1, kTwoShot = 2 };
+
+// The public function a call serves. Part of every call signature (ranks
+// making different operations on equal operands get an error, not each
+// other's data), and named by every failure message. The GPU's failure
+// record carries it in 3 bits (gpu/layout.h).
+enum class Operation : uint32_t {
+  kUnknown = 0,
+  kAllReduce = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kAllReduceRmsNorm = 4,
+};
+inline constexpr uint32_t kMaxOperation = 4;
+
+inline const char* OperationName(Operation operation) {
+  switch (operation) {
+    case Operation::kAllReduce: return "all_reduce";
+    case Operation::kReduceScatter: return "reduce_scatter";
+    case Operation::kAllGather: return "all_gather";
+    case Operation::kAllReduceRmsNorm: return "all_reduce_rms_norm";
+    case Operation::kUnknown: break;
+  }
+  return "a jax_ar call";
+}
 
 inline constexpr size_t AlignUp(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
 inline constexpr size_t AlignDown(size_t n, size_t a = kAlign) { return n / a * a; }

@@ -1,4 +1,4 @@
-// Operand checks of the norm FFI handlers, shared by the host and CUDA
+// Operand checks of the norm FFI handlers, shared by the CPU and CUDA
 // modules so that both reject the same calls with the same words.
 #pragma once
 
@@ -7,26 +7,10 @@
 #include <string>
 
 #include "common/ffi_util.h"
+#include "common/handler_args.h"
 #include "common/protocol.h"
 
 namespace jax_ar {
-
-inline std::string ShapeText(const ffi::AnyBuffer& b) {
-  std::string text = "[";
-  for (size_t i = 0; i < b.dimensions().size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(b.dimensions()[i]);
-  }
-  return text + "]";
-}
-
-inline bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-  auto da = a.dimensions(), db = b.dimensions();
-  if (da.size() != db.size()) return false;
-  for (size_t i = 0; i < da.size(); ++i) {
-    if (da[i] != db[i]) return false;
-  }
-  return true;
-}
 
 // `x` of rank >= 1 whose last dimension is the hidden size, `gamma` of shape
 // [hidden] and x's dtype (float32, bfloat16 or float16), eps > 0. Sets rows
@@ -37,25 +21,23 @@ inline ffi::Error CheckNormOperands(const char* op, const ffi::AnyBuffer& x,
   const ffi::DataType dtype = x.element_type();
   if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16 &&
       dtype != ffi::DataType::F16) {
-    return InvalidArgument(std::string(op) + ": x must be float32, bfloat16 or float16, got " +
-                           DtypeName(dtype));
+    return InvalidCall(op, std::string("x must be float32, bfloat16 or float16, got ") +
+                               DtypeName(dtype));
   }
   if (gamma.element_type() != dtype) {
-    return InvalidArgument(std::string(op) + ": gamma is " + DtypeName(gamma.element_type()) +
-                           " but x is " + DtypeName(dtype));
+    return InvalidCall(op, std::string("gamma is ") + DtypeName(gamma.element_type()) +
+                               " but x is " + DtypeName(dtype));
   }
   if (x.dimensions().size() == 0) {
-    return InvalidArgument(std::string(op) + ": x must have rank >= 1");
+    return InvalidCall(op, "x must have rank >= 1");
   }
   hidden = static_cast<size_t>(x.dimensions().back());
   if (gamma.dimensions().size() != 1 || static_cast<size_t>(gamma.dimensions()[0]) != hidden) {
-    return InvalidArgument(std::string(op) + ": gamma has shape " + ShapeText(gamma) +
-                           ", expected [" + std::to_string(hidden) + "] for x of shape " +
-                           ShapeText(x));
+    return InvalidCall(op, "gamma has shape " + ShapeText(gamma) + ", expected [" +
+                               std::to_string(hidden) + "] for x of shape " + ShapeText(x));
   }
   if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    return InvalidArgument(std::string(op) + ": eps must be positive and finite, got " +
-                           std::to_string(eps));
+    return InvalidCall(op, "eps must be positive and finite, got " + std::to_string(eps));
   }
   rows = hidden == 0 ? 0 : x.element_count() / hidden;
   return ffi::Error::Success();
@@ -65,9 +47,9 @@ inline ffi::Error CheckNormOperands(const char* op, const ffi::AnyBuffer& x,
 inline ffi::Error CheckNormResult(const char* op, const char* name, const ffi::AnyBuffer& x,
                                   const ffi::AnyBuffer& result, ffi::DataType dtype) {
   if (!SameShape(x, result) || result.element_type() != dtype) {
-    return InvalidArgument(std::string(op) + ": " + name + " is " +
-                           DtypeName(result.element_type()) + ShapeText(result) + ", expected " +
-                           DtypeName(dtype) + ShapeText(x));
+    return InvalidCall(op, std::string(name) + " is " + DtypeName(result.element_type()) +
+                               ShapeText(result) + ", expected " + DtypeName(dtype) +
+                               ShapeText(x));
   }
   return ffi::Error::Success();
 }
@@ -99,12 +81,9 @@ inline ffi::Error CheckAllReduceRmsNormCall(const char* op, int32_t algorithm, i
                                             const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& out,
                                             const ffi::AnyBuffer& residual_out, float eps,
                                             size_t& rows, size_t& hidden) {
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
-    return InvalidArgument(std::string(op) + ": unknown algorithm " + std::to_string(algorithm));
-  }
+  if (auto error = CheckAlgorithm(op, algorithm); error.failure()) return error;
   if (quantize != 0 && quantize != 1) {
-    return InvalidArgument(std::string(op) + ": quantize must be 0 or 1");
+    return InvalidCall(op, "quantize must be 0 or 1");
   }
   if (auto error = CheckNormOperands(op, x, gamma, eps, rows, hidden); error.failure()) {
     return error;

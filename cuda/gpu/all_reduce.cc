@@ -12,30 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "common/registry.h"
+#include "common/failure_text.h"
+#include "common/handler_args.h"
+#include "common/handler_start.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
 
 namespace jax_ar::gpu {
 
-std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ffi::Error& error) {
-  auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-  if (state == nullptr) {
-    error = InvalidArgument(
-        "no communicator " + std::to_string(comm_id) + " on GPU " +
-        std::to_string(device_ordinal) +
-        ": it was closed, or this device is not in the mesh given to jax_ar.setup()");
-    return nullptr;
-  }
-  if (std::string failure = state->Failure(); !failure.empty()) {
-    error = ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                       "jax_ar: this communicator failed earlier and cannot be used: " + failure);
-    return nullptr;
-  }
-  return state;
-}
-
-void FillProtocolArgs(const RankState& state, ProtocolArgs& a) {
+void FillProtocolArgs(const RankState& state, Operation operation, ProtocolArgs& a) {
   for (int r = 0; r < state.world; ++r) a.workspaces[r] = state.workspaces[r];
   a.local = state.local;
   a.record = state.record_device;
@@ -45,6 +30,14 @@ void FillProtocolArgs(const RankState& state, ProtocolArgs& a) {
   a.plain_half_bytes = state.layout().plain_half;
   a.rank = state.rank;
   a.world = state.world;
+  a.operation = operation;
+}
+
+ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err) {
+  const std::string core =
+      LaunchFailedText(operation, state.rank, state.label, cudaGetErrorString(err));
+  state.SetHostFailure(core);
+  return Internal(Unusable(core));
 }
 
 int OneShotBlocks(uint64_t bytes, int world) {
@@ -64,12 +57,6 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads) {
   return plan;
 }
 
-uint64_t SlotBytes(const RankState& state, Algorithm algorithm) {
-  const DataLayout layout = state.layout();
-  return algorithm == Algorithm::kOneShot ? AlignDown(layout.ll_half / state.world)
-                                          : AlignDown(layout.plain_half / (2 * state.world));
-}
-
 bool ToDtype(ffi::DataType t, Dtype& d) {
   switch (t) {
     case ffi::DataType::F32: d = Dtype::kF32; return true;
@@ -80,37 +67,9 @@ bool ToDtype(ffi::DataType t, Dtype& d) {
   }
 }
 
-// Two-shot carries a call of at most this many bytes over LL packets (twice
-// the bytes of plain data, but no fence and no flag round per block):
-// latency counts more than bandwidth there (docs/gpu.md has the figures).
-constexpr uint64_t kTwoShotLLMaxBytes = 1 << 20;
-
-KernelPlan PlanKernel(const RankState& state, AllReduceKernel kernel) {
-  switch (kernel) {
-    case AllReduceKernel::kOneShot: {
-      const uint64_t slot = SlotBytes(state, Algorithm::kOneShot);
-      return {kernel, slot, AlignDown(slot / 2)};  // 8 data bytes per 16
-    }
-    case AllReduceKernel::kTwoShotLL: {
-      // Two phases of `world` slots in an LL half; C data bytes take 2 C.
-      const uint64_t slot = AlignDown(state.layout().ll_half / (2 * state.world));
-      return {kernel, slot, AlignDown(slot / 2) * state.world};
-    }
-    case AllReduceKernel::kTwoShotPlain:
-      break;
-  }
-  const uint64_t slot = SlotBytes(state, Algorithm::kTwoShot);
-  return {AllReduceKernel::kTwoShotPlain, slot, slot * state.world};
-}
-
-KernelPlan PlanKernel(const RankState& state, Algorithm algorithm, uint64_t total) {
-  if (algorithm == Algorithm::kOneShot) return PlanKernel(state, AllReduceKernel::kOneShot);
-  const KernelPlan ll = PlanKernel(state, AllReduceKernel::kTwoShotLL);
-  if (total <= kTwoShotLLMaxBytes && ll.capacity > 0) return ll;
-  return PlanKernel(state, AllReduceKernel::kTwoShotPlain);
-}
-
 namespace {
+
+constexpr Operation kOperation = Operation::kAllReduce;
 
 std::atomic<uint64_t> handler_calls{0};
 
@@ -125,33 +84,19 @@ struct Piece {
 
 ffi::Error PiecesFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
                              std::vector<Piece>& pieces, uint64_t& packed_bytes) {
-  if (args.size() != rets.size()) {
-    return InvalidArgument("all_reduce got " + std::to_string(args.size()) + " operands but " +
-                           std::to_string(rets.size()) + " results");
-  }
   packed_bytes = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (in.has_error()) return in.error();
-    if (out.has_error()) return out.error();
+  return ForEachAllReduceOperand(args, rets, [&](ffi::AnyBuffer in, ffi::AnyBuffer out) {
     Piece p;
-    if (!ToDtype(in->element_type(), p.dtype)) {
-      return InvalidArgument(std::string("all_reduce does not support dtype ") +
-                             DtypeName(in->element_type()));
-    }
-    if ((*out)->element_type() != in->element_type() || (*out)->size_bytes() != in->size_bytes()) {
-      return InvalidArgument("all_reduce result " + std::to_string(i) + " does not match its operand");
-    }
-    p.in = static_cast<const std::byte*>(in->untyped_data());
-    p.out = static_cast<std::byte*>((*out)->untyped_data());
-    p.bytes = in->size_bytes();
+    ToDtype(in.element_type(), p.dtype);  // reducible: ForEachAllReduceOperand checked
+    p.in = static_cast<const std::byte*>(in.untyped_data());
+    p.out = static_cast<std::byte*>(out.untyped_data());
+    p.bytes = in.size_bytes();
     p.packed_offset = packed_bytes;
-    if (p.bytes == 0) continue;
+    if (p.bytes == 0) return ffi::Error::Success();
     packed_bytes += AlignUp(p.bytes);
     pieces.push_back(p);
-  }
-  return ffi::Error::Success();
+    return ffi::Error::Success();
+  });
 }
 
 uint64_t CallSignature(const std::vector<Piece>& pieces, ReduceOp op, Algorithm algorithm,
@@ -177,7 +122,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
   }
   const uint64_t signature = CallSignature(pieces, op, algorithm, state.world);
   LaunchArgs a{};
-  FillProtocolArgs(state, a);
+  FillProtocolArgs(state, kOperation, a);
   a.slot_bytes = kernel.slot_bytes;
   a.op = static_cast<int32_t>(op);
 
@@ -203,7 +148,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
       s.aligned = IsAligned(s.in) && IsAligned(s.out);
     }
     a.bytes = end - begin;
-    a.signature = HashMix(HashMix(signature, index), a.bytes);
+    a.signature = SignatureOf(kOperation, HashMix(HashMix(signature, index), a.bytes));
     int blocks = 1;
     switch (kernel.kernel) {
       case AllReduceKernel::kOneShot:
@@ -223,9 +168,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
       }
     }
     if (const cudaError_t err = LaunchAllReduce(kernel.kernel, a, blocks, stream); err != cudaSuccess) {
-      const std::string text = std::string("all_reduce kernel launch failed: ") + cudaGetErrorString(err);
-      state.SetHostFailure(text);
-      return Internal(text);
+      return LaunchFailed(state, kOperation, err);
     }
     begin = end;
   }
@@ -249,7 +192,7 @@ ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuff
   const Algorithm algorithm =
       kernel == AllReduceKernel::kOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot;
   return RunAllReduce(stream, state, {p}, AlignUp(p.bytes), ReduceOp::kSum, algorithm,
-                      PlanKernel(state, kernel));
+                      PlanKernel(state.layout(), state.world, kernel));
 }
 
 namespace {
@@ -262,13 +205,8 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
   handler_calls.fetch_add(1, std::memory_order_relaxed);
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
-    return InvalidArgument("unknown algorithm " + std::to_string(algorithm));
-  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm, error);
   if (state == nullptr) return error;
   std::vector<Piece> pieces;
   uint64_t total = 0;
@@ -276,7 +214,8 @@ ffi::Error AllReduceHandler(cudaStream_t stream,
   if (total == 0) return ffi::Error::Success();
   return RunAllReduce(stream, *state, pieces, total, static_cast<ReduceOp>(op),
                       static_cast<Algorithm>(algorithm),
-                      PlanKernel(*state, static_cast<Algorithm>(algorithm), total));
+                      PlanKernel(state->layout(), state->world, static_cast<Algorithm>(algorithm),
+                                 total));
 }
 
 }  // namespace

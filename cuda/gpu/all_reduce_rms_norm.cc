@@ -7,38 +7,19 @@
 #include <cstring>
 #include <string>
 
+#include "common/handler_start.h"
+#include "common/norm_limits.h"
 #include "common/rms_norm_args.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
+#include "gpu/row_plan.h"
 
 namespace jax_ar::gpu {
 namespace {
 
+constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 constexpr const char* kOp = "all_reduce_rms_norm";
-constexpr int kMaxVectorsPerThread = 4;
-constexpr int kMaxThreadsPerRow = 1024;
-constexpr int kMinBlockThreads = 256;
-
-ffi::Error Invalid(const std::string& text) { return InvalidArgument(std::string(kOp) + ": " + text); }
-
-// Threads per row (a power of two, one 16-byte vector each up to 1024
-// threads) and vectors per thread, from the row length alone.
-struct RowPlan {
-  int threads_per_row;
-  int vectors_per_thread;
-  int block_threads;
-};
-
-RowPlan PlanRow(int row_vectors) {
-  RowPlan plan;
-  plan.threads_per_row = 1;
-  while (plan.threads_per_row < row_vectors && plan.threads_per_row < kMaxThreadsPerRow) {
-    plan.threads_per_row *= 2;
-  }
-  plan.vectors_per_thread = (row_vectors + plan.threads_per_row - 1) / plan.threads_per_row;
-  plan.block_threads = std::max(plan.threads_per_row, kMinBlockThreads);
-  return plan;
-}
+ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 
 uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, int64_t rows, int64_t hidden,
                    int32_t quantize, float eps) {
@@ -54,6 +35,22 @@ uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, int64_t rows, in
   return hash;
 }
 
+// What the kernel needs beyond what both backends check: [tokens, hidden]
+// operands, a hidden size it serves, 16-byte aligned buffers.
+ffi::Error CheckKernelTakes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
+                            const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& out,
+                            const ffi::AnyBuffer& residual_out, int64_t hidden) {
+  if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + ShapeText(x));
+  const auto lanes = static_cast<int64_t>(kNormVectorBytes / DtypeBytes(x.element_type()));
+  if (hidden < kFusedMinHidden || hidden > kFusedMaxHidden || hidden % lanes != 0) {
+    return Invalid("the CUDA kernel needs a hidden size in [" + std::to_string(kFusedMinHidden) +
+                   ", " + std::to_string(kFusedMaxHidden) + "] that is a multiple of " +
+                   std::to_string(lanes) + ", got " + std::to_string(hidden));
+  }
+  return CheckAligned(kOp, {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
+                            residual_out.untyped_data(), out.untyped_data()});
+}
+
 ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                                    int32_t device_ordinal,                    // XLA's ordinal
                                    ffi::AnyBuffer x,                          // [T, H], this rank's part
@@ -67,49 +64,28 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
   size_t row_count = 0, hidden_size = 0;
-  if (auto error = CheckAllReduceRmsNormCall(kOp, algorithm, quantize, x, residual, gamma, *out,
-                                             *residual_out, eps, row_count, hidden_size);
+  ffi::Error error = ffi::Error::Success();
+  auto state = StartAllReduceRmsNorm<RankState>(comm_id, device_ordinal, algorithm, quantize, x,
+                                                residual, gamma, *out, *residual_out, eps,
+                                                row_count, hidden_size, error);
+  if (state == nullptr) return error;
+  const int64_t rows = static_cast<int64_t>(row_count), hidden = static_cast<int64_t>(hidden_size);
+  if (auto error = CheckKernelTakes(x, residual, gamma, *out, *residual_out, hidden);
       error.failure()) {
     return error;
   }
-  if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + ShapeText(x));
-  const int64_t rows = static_cast<int64_t>(row_count), hidden = static_cast<int64_t>(hidden_size);
+  if (rows == 0) return ffi::Error::Success();
   const size_t element_bytes = DtypeBytes(x.element_type());
+  const int64_t lanes = static_cast<int64_t>(kNormVectorBytes / element_bytes);
   Dtype dtype;
   ToDtype(x.element_type(), dtype);  // one of the three CheckAllReduceRmsNormCall accepts
-  const int64_t lanes = 16 / static_cast<int64_t>(element_bytes);
-  if (hidden < 128 || hidden > 16384 || hidden % lanes != 0) {
-    return Invalid("the CUDA kernel needs a hidden size in [128, 16384] that is a multiple of " +
-                   std::to_string(lanes) + ", got " + std::to_string(hidden));
-  }
-  for (const void* p : {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
-                        residual_out->untyped_data(), out->untyped_data()}) {
-    if (reinterpret_cast<uintptr_t>(p) % kAlign != 0) {
-      return Invalid("the CUDA kernel needs 16-byte aligned buffers");
-    }
-  }
-  ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
-  if (state == nullptr) return error;
-  if (rows == 0) return ffi::Error::Success();
 
   const int world = state->world;
   const uint64_t row_bytes = static_cast<uint64_t>(hidden) * element_bytes;
   const uint64_t out_row_bytes = static_cast<uint64_t>(hidden) * (quantize ? 1 : element_bytes);
   const DataLayout layout = state->layout();
-  // Rows one launch carries. one-shot: LL packets double x's bytes in each
-  // sender's slot of the LL half. two-shot: per sender and group row of the
-  // plain half, x in phase 0 and both outputs in phase 1 (16 bytes of
-  // alignment slack per region).
-  const auto rows_per_launch_of = [&](Algorithm a) -> int64_t {
-    if (a == Algorithm::kOneShot) {
-      return static_cast<int64_t>(layout.ll_half / (static_cast<uint64_t>(world) * 2 * row_bytes));
-    }
-    const uint64_t per_sender = layout.plain_half / world;
-    const uint64_t slack = 3 * kAlign;
-    const uint64_t group_rows =
-        per_sender > slack ? (per_sender - slack) / (2 * row_bytes + out_row_bytes) : 0;
-    return static_cast<int64_t>(group_rows) * world;
+  const auto rows_per_launch_of = [&](Algorithm a) {
+    return FusedRowsPerLaunch(layout, world, a, row_bytes, out_row_bytes);
   };
   Algorithm algo = static_cast<Algorithm>(algorithm);
   // The LL region is a quarter of the data area: a row too long for it goes
@@ -122,17 +98,16 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                    " ranks); set up the communicator with a larger workspace_bytes");
   }
   const uint64_t signature = Signature(algo, world, dtype, rows, hidden, quantize, eps);
-  const RowPlan plan = PlanRow(static_cast<int>(hidden / lanes));
-  const int rows_at_once = plan.block_threads / plan.threads_per_row;
+  const RowPlan plan = PlanRow(static_cast<int>(hidden / lanes), kFusedVectorsPerThread);
+  const int rows_at_once = plan.rows_per_block;
 
   RmsNormLaunchArgs a{};
-  FillProtocolArgs(*state, a);
+  FillProtocolArgs(*state, kOperation, a);
   a.gamma = gamma.untyped_data();
   a.scale = scale.typed_data();
   a.row_vectors = static_cast<int32_t>(hidden / lanes);
   a.threads_per_row = plan.threads_per_row;
   a.eps = eps;
-  a.inv_hidden = 1.0f / static_cast<float>(hidden);
   a.quantize = quantize;
   a.dtype = dtype;
   for (int64_t first = 0, index = 0; first < rows; first += rows_per_launch, ++index) {
@@ -141,10 +116,11 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     a.residual = static_cast<const std::byte*>(residual.untyped_data()) + first * row_bytes;
     a.residual_out = static_cast<std::byte*>(residual_out->untyped_data()) + first * row_bytes;
     a.out = static_cast<std::byte*>(out->untyped_data()) + first * out_row_bytes;
-    a.signature = HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows);
+    a.signature =
+        SignatureOf(kOperation, HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows));
     int64_t blocks;
     if (algo == Algorithm::kOneShot) {
-      a.slot_bytes = AlignDown(layout.ll_half / world);
+      a.slot_bytes = SlotBytes(layout, world, Algorithm::kOneShot);
       blocks = (a.rows + rows_at_once - 1) / rows_at_once;
     } else {
       a.group_rows = (a.rows + world - 1) / world;
@@ -155,13 +131,10 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     }
     blocks = std::clamp<int64_t>(blocks, 1, BlockCap(world));
     if (algo == Algorithm::kTwoShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
-    const cudaError_t err = LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks),
-                                                   plan.block_threads, plan.vectors_per_thread, stream);
-    if (err != cudaSuccess) {
-      const std::string text = std::string(kOp) + " kernel launch failed: " + cudaGetErrorString(err);
-      state->SetHostFailure(text);
-      return Internal(text);
-    }
+    const cudaError_t err =
+        LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks), plan.block_threads(),
+                               plan.vectors_per_thread, stream);
+    if (err != cudaSuccess) return LaunchFailed(*state, kOperation, err);
   }
   return ffi::Error::Success();
 }

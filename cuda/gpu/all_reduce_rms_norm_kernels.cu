@@ -14,23 +14,25 @@
 // `world` groups; each rank reduces and normalizes its group and sends both
 // outputs to everybody (the two-shot protocol with rows for chunks).
 //
-// The norm's arithmetic is that of jax_ar.rms_norm's CUDA kernel: squares
-// accumulated with fmaf per thread, a shuffle (and shared-memory) tree over
-// the row, rsqrtf(fmaf(sum, 1/hidden, eps)), (v * inv_rms) * gamma.
+// The norm's arithmetic is that of jax_ar.rms_norm's CUDA kernel (one
+// RowInverseRms, gpu/row_norm.cuh): squares summed in double per thread and
+// over the row, inv_rms = 1 / sqrt(sum / hidden + eps) in double as on the
+// CPU, then (v * inv_rms) * gamma in float32.
 #include <cuda_runtime.h>
 
 #include "gpu/kernels.h"
 #include "gpu/packets.cuh"
 #include "gpu/numeric.cuh"
+#include "gpu/row_norm.cuh"
+#include "gpu/row_plan.h"
 
 namespace jax_ar::gpu {
 namespace {
 
-constexpr int kMaxThreads = 1024;
 constexpr float kE4m3Max = 448.0f;
 
 // float32 -> float8_e4m3fn, saturating to +-448, round to nearest even, NaN
-// to NaN; bit for bit the host's FloatToE4m3fnSaturated.
+// to NaN; bit for bit the CPU's FloatToE4m3fnSaturated.
 __device__ __forceinline__ uint32_t FloatToE4m3fnSaturated(float f) {
   const uint32_t sign = (__float_as_uint(f) >> 24) & 0x80u;
   if (IsNan(f)) return sign | 0x7fu;
@@ -42,26 +44,6 @@ __device__ __forceinline__ uint32_t FloatToE4m3fnSaturated(float f) {
   uint32_t u = __float_as_uint(a);
   u += 0x7ffffu + ((u >> 20) & 1u);  // a carry moves the exponent up
   return sign | ((((u >> 23) - 127u + 7u) << 3) | ((u >> 20) & 7u));
-}
-
-// Sum of `value` over the threads_per_row consecutive threads of a row.
-// Rows wider than a warp go through `partials` (one float per warp of the
-// block); then every thread of the block must call this together.
-__device__ __forceinline__ float RowSum(float value, int threads_per_row, float* partials) {
-  const int width = threads_per_row < 32 ? threads_per_row : 32;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  if (threads_per_row <= 32) return value;
-  const int warps = threads_per_row / 32;
-  const int first = (threadIdx.x / threads_per_row) * warps;
-  if (threadIdx.x % 32 == 0) partials[threadIdx.x / 32] = value;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < warps; ++w) total += partials[first + w];
-  __syncthreads();  // partials are reused by the next row
-  return total;
 }
 
 // Bytes of one row's out per 16-byte vector of x: 16, or lanes with FP8.
@@ -99,10 +81,10 @@ __device__ __forceinline__ void FillRmsNormOutputs(const RmsNormLaunchArgs& a, i
 
 // t = sum (already in `acc`) + residual; returns round(t), the value
 // residual_out holds, and adds the squares of its widened lanes to
-// `sum_squares`. Rows are kept packed in between (half the registers of
+// `sum_of_squares`. Rows are kept packed in between (half the registers of
 // float lanes for 16-bit types).
 template <Dtype D>
-__device__ __forceinline__ uint4 AddResidual(float* acc, uint4 residual, float& sum_squares) {
+__device__ __forceinline__ uint4 AddResidual(float* acc, uint4 residual, double& sum_of_squares) {
   using V = Vec<D>;
   float r[V::kLanes];
   V::Unpack(residual, r);
@@ -110,13 +92,8 @@ __device__ __forceinline__ uint4 AddResidual(float* acc, uint4 residual, float& 
   for (int j = 0; j < V::kLanes; ++j) acc[j] = __fadd_rn(acc[j], r[j]);
   const uint4 rounded = V::Pack(acc);
   V::Unpack(rounded, r);
-#pragma unroll
-  for (int j = 0; j < V::kLanes; ++j) sum_squares = fmaf(r[j], r[j], sum_squares);
+  AddSquares<V::kLanes>(r, sum_of_squares);
   return rounded;
-}
-
-__device__ __forceinline__ float InverseRms(const RmsNormLaunchArgs& a, float total) {
-  return rsqrtf(fmaf(total, a.inv_hidden, a.eps));
 }
 
 template <Dtype D>
@@ -141,10 +118,10 @@ __device__ __forceinline__ std::byte* RowOf(void* base, int64_t row, uint64_t by
 // the float32 sum over ranks of vector i (the k-th of this thread) in acc;
 // the residual is added and round(t) goes to emit_residual(i, rounded); the
 // normalized lanes go to emit_out(i, y). Every thread of the block must call
-// it together (RowSum synchronizes).
+// it together (RowInverseRms synchronizes).
 template <Dtype D, int kVectors, typename Reduce, typename EmitResidual, typename EmitOut>
 __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
-                                                    bool active, float* partials, Reduce&& reduce,
+                                                    bool active, double* partials, Reduce&& reduce,
                                                     EmitResidual&& emit_residual,
                                                     EmitOut&& emit_out) {
   using V = Vec<D>;
@@ -152,7 +129,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
   const int lane = threadIdx.x % tpr;
   const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
   uint4 rounded[kVectors];
-  float sum_squares = 0.0f;
+  double sum_of_squares = 0.0;
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = lane + k * tpr;
@@ -160,10 +137,12 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     float acc[V::kLanes];
     reduce(k, i, acc);
     const uint4 residual = LoadInput16(RowOf(a.residual, row, row_bytes) + 16 * i);
-    rounded[k] = AddResidual<D>(acc, residual, sum_squares);
+    rounded[k] = AddResidual<D>(acc, residual, sum_of_squares);
     emit_residual(i, rounded[k]);
   }
-  const float inv_rms = InverseRms(a, RowSum(sum_squares, tpr, partials));
+  // Blocks loop over rows: partials are written again by the next row.
+  const float inv_rms = RowInverseRms</*kPartialsReused=*/true>(
+      sum_of_squares, a.row_vectors * V::kLanes, a.eps, tpr, lane, threadIdx.x / tpr, partials);
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = lane + k * tpr;
@@ -175,10 +154,10 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
 }
 
 template <Dtype D, int kVectors>
-__global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
+__global__ void __launch_bounds__(kMaxThreadsPerRow) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using V = Vec<D>;
-  __shared__ float partials[kMaxThreads / 32];
+  __shared__ double partials[kMaxThreadsPerRow / 32];
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) {
     FillRmsNormOutputs(a, 16 / V::kLanes);
@@ -228,10 +207,10 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotRmsNormKernel(
 }
 
 template <Dtype D, int kVectors>
-__global__ void __launch_bounds__(kMaxThreads) TwoShotRmsNormKernel(
+__global__ void __launch_bounds__(kMaxThreadsPerRow) TwoShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using V = Vec<D>;
-  __shared__ float partials[kMaxThreads / 32];
+  __shared__ double partials[kMaxThreadsPerRow / 32];
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) {
     FillRmsNormOutputs(a, 16 / V::kLanes);
@@ -277,7 +256,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotRmsNormKernel(
   // My group: reduce, add the residual, normalize; both outputs go to my
   // outputs and to slot `rank` of every peer's phase-1 area.
   if (ok) {
-    for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: RowSum syncs
+    for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: RowInverseRms syncs
       const int64_t group_row = base + threadIdx.x / tpr;
       const int64_t row = a.rank * a.group_rows + group_row;
       const bool active = group_row < hi && row < a.rows;

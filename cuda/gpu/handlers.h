@@ -7,18 +7,19 @@
 #include <memory>
 
 #include "common/ffi_util.h"
+#include "gpu/capacity.h"
 #include "gpu/kernels.h"
 #include "gpu/layout.h"
 #include "gpu/rank_state.h"
 
 namespace jax_ar::gpu {
 
-// The rank state of (comm_id, device), or nullptr with `error` set; also
-// fails when an earlier call of the communicator failed.
-std::shared_ptr<RankState> FindLiveRank(uint64_t comm_id, int device_ordinal, ffi::Error& error);
+// The protocol fields of a launch of `operation`, from the rank state alone.
+void FillProtocolArgs(const RankState& state, Operation operation, ProtocolArgs& args);
 
-// The protocol fields of a launch, from the rank state alone.
-void FillProtocolArgs(const RankState& state, ProtocolArgs& args);
+// Records that a launch of `operation` could not start (the rank is then
+// failed) and returns the handler's error.
+ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err);
 
 // Launch configuration, from static sizes and the world size only, so that
 // every rank launches the same grid and cuts data into the same pieces.
@@ -33,20 +34,6 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 // The kernels' element type of an XLA type the reductions take (f32, bf16,
 // f16, s32); false for any other.
 bool ToDtype(ffi::DataType t, Dtype& d);
-
-// Bytes of one sender's slot in a data half, for an algorithm's layout.
-uint64_t SlotBytes(const RankState& state, Algorithm algorithm);
-
-// Which kernel serves an all-reduce, its slot size and what one launch
-// carries: from the algorithm and the call's size (every rank decides the
-// same), or for a kernel chosen outright (the protocol probe).
-struct KernelPlan {
-  AllReduceKernel kernel;
-  uint64_t slot_bytes;
-  uint64_t capacity;
-};
-KernelPlan PlanKernel(const RankState& state, Algorithm algorithm, uint64_t total);
-KernelPlan PlanKernel(const RankState& state, AllReduceKernel kernel);
 
 // The sum over the ranks of one array, with `kernel` (the protocol probe).
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,

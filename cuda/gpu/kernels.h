@@ -7,13 +7,10 @@
 #include <cstdint>
 
 #include "common/protocol.h"
+#include "gpu/capacity.h"
 #include "gpu/layout.h"
 
 namespace jax_ar::gpu {
-
-// The kernels an all-reduce launch can run (all_reduce_kernels.cu): the
-// one-shot, and the two-shot over LL packets or over plain data and flags.
-enum class AllReduceKernel { kOneShot, kTwoShotLL, kTwoShotPlain };
 
 // Launches one protocol instance on `stream` (a launch of one array passes
 // the small AllReduceArgs<1>).

@@ -11,9 +11,10 @@
 // launches, so they agree on the numbers; a launch's flags and data half
 // derive from its number.
 //
-// Failure. A wait that passes its deadline records (kind, rank, peer) in
-// LocalControl::abort, poisons every peer's PeerControl::abort so that they
-// stop waiting too, and writes the failure record in host-mapped memory once.
+// Failure. A wait that passes its deadline records (kind, rank, peer and
+// their operations) in LocalControl::abort, poisons every peer's
+// PeerControl::abort so that they stop waiting too, and writes the failure
+// record in host-mapped memory once.
 // A launch that starts on an aborted rank does nothing but fill its outputs
 // with all-ones bits (NaN for floats, -1 for int32).
 //
@@ -51,6 +52,9 @@ __device__ inline void ReportFailure(const ProtocolArgs& a, uint32_t code, uint6
   record->culprit = AbortCulprit(code);
   record->peer = AbortPeer(code);
   record->launch = launch;
+  record->operation = static_cast<uint32_t>(a.operation);
+  record->culprit_operation = AbortCulpritOperation(code);
+  record->peer_operation = AbortPeerOperation(code);
   __threadfence_system();
   record->kind = AbortKind(code);
   __threadfence_system();
@@ -62,7 +66,7 @@ __device__ inline void ReportFailure(const ProtocolArgs& a, uint32_t code, uint6
 __device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t launch) {
   const uint32_t kind = AbortKind(code);
   if (atomicCAS(&a.local->abort, 0u, code) == 0u && (kind & kToldByPeer) == 0) {
-    const uint32_t told = EncodeAbort(kind | kToldByPeer, AbortCulprit(code), AbortPeer(code));
+    const uint32_t told = ToldByPeer(code);
     for (int q = 0; q < a.world; ++q) {
       if (q != a.rank) atomicCAS_system(&ControlOf(a.workspaces[q])->abort, 0u, told);
     }
@@ -94,7 +98,7 @@ class Waiter {
     if (deadline_ == 0) {
       deadline_ = now + a_.timeout_ns;
     } else if (now > deadline_) {
-      Abort(a_, EncodeAbort(kTimeout, a_.rank, peer), launch_);
+      Abort(a_, EncodeAbort(kTimeout, a_.rank, peer, a_.operation), launch_);
       return false;
     }
     return true;
@@ -167,7 +171,9 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
   const uint64_t launch = ctx.launch;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    if (ctx.claimed + 1 != launch) Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank), launch);
+    if (ctx.claimed + 1 != launch) {
+      Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank, a.operation), launch);
+    }
     if (ctx.told != 0) Abort(a, ctx.told, launch);
   }
   __syncthreads();
@@ -207,7 +213,9 @@ __device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
   }
   const uint64_t theirs = (static_cast<uint64_t>(v.z) << 32) | v.x;
   if (theirs != a.signature) {
-    Abort(a, EncodeAbort(kMismatch, a.rank, peer), launch);
+    Abort(a, EncodeAbort(kMismatch, a.rank, peer, a.operation,
+                         static_cast<Operation>(SignatureOperation(theirs))),
+          launch);
     return false;
   }
   return true;

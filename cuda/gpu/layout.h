@@ -128,23 +128,51 @@ enum FailureKind : uint32_t {
   kToldByPeer = 0x80,
 };
 
-inline constexpr uint32_t EncodeAbort(uint32_t kind, int culprit, int peer) {
+// An abort code, one 32-bit word so that it is set with one compare-and-swap
+// at every peer: kind, culprit, peer, the culprit's operation and (for a
+// mismatch) the peer's, as far as its signature tells (failure_text.h words
+// them). Bit 0 is set, so no code is 0 (healthy).
+inline constexpr uint32_t EncodeAbort(uint32_t kind, int culprit, int peer,
+                                      Operation culprit_operation,
+                                      Operation peer_operation = Operation::kUnknown) {
   return (kind << 24) | ((static_cast<uint32_t>(culprit) & 0xff) << 16) |
-         ((static_cast<uint32_t>(peer) & 0xff) << 8) | 1u;
+         ((static_cast<uint32_t>(peer) & 0xff) << 8) |
+         ((static_cast<uint32_t>(peer_operation) & 7u) << 4) |
+         ((static_cast<uint32_t>(culprit_operation) & 7u) << 1) | 1u;
 }
+static_assert(kMaxOperation <= 7, "abort codes carry operations in 3 bits");
 inline constexpr uint32_t AbortKind(uint32_t code) { return code >> 24; }
 inline constexpr int AbortCulprit(uint32_t code) { return (code >> 16) & 0xff; }
 inline constexpr int AbortPeer(uint32_t code) { return (code >> 8) & 0xff; }
+inline constexpr uint32_t AbortCulpritOperation(uint32_t code) { return (code >> 1) & 7u; }
+inline constexpr uint32_t AbortPeerOperation(uint32_t code) { return (code >> 4) & 7u; }
+// The same failure as a peer learns it.
+inline constexpr uint32_t ToldByPeer(uint32_t code) { return code | (kToldByPeer << 24); }
 
 // In host-mapped memory: the kernel that first notices a failure fills it,
 // the host reads it (kind last written, first read) to raise an error.
+// Operations are Operation values (0: not known).
 struct FailureRecord {
   uint32_t kind;
   int32_t rank;
   int32_t culprit;
   int32_t peer;
   uint64_t launch;
+  uint32_t operation;          // of this rank's launch that recorded it
+  uint32_t culprit_operation;  // of the culprit's launch
+  uint32_t peer_operation;     // a mismatch's peer's, from its signature
 };
+
+// Call signatures carry the launch's operation in their top byte (the rest
+// is a hash of the call), so a rank whose peer's signature differs can name
+// the peer's operation.
+inline constexpr uint64_t SignatureOf(Operation operation, uint64_t call_hash) {
+  return (call_hash & 0x00ff'ffff'ffff'ffffull) | (static_cast<uint64_t>(operation) << 56);
+}
+inline constexpr uint32_t SignatureOperation(uint64_t signature) {
+  const uint32_t operation = static_cast<uint32_t>(signature >> 56);
+  return operation <= kMaxOperation ? operation : 0u;
+}
 
 // Element types the kernels reduce.
 enum class Dtype : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kS32 = 3 };
@@ -167,11 +195,12 @@ struct ProtocolArgs {
   FailureRecord* record;             // host-mapped, device address
   uint64_t token;                    // must equal local->token, else the launch is stale
   uint64_t timeout_ns;
-  uint64_t signature;   // this launch's call signature, compared with every peer's
+  uint64_t signature;   // SignatureOf(operation, ...), compared with every peer's
   uint64_t ll_half_bytes;     // LayoutOf(workspace bytes)
   uint64_t plain_half_bytes;
   int32_t rank;
   int32_t world;
+  Operation operation;  // the public call this launch serves, for failure records
 };
 
 // One launch of the all-reduce kernels, carrying up to kSegments arrays.
@@ -215,7 +244,6 @@ struct RmsNormLaunchArgs : ProtocolArgs {
   int32_t row_vectors;      // hidden / lanes
   int32_t threads_per_row;  // power of two; blockDim.x / threads_per_row rows at a time
   float eps;
-  float inv_hidden;
   int32_t quantize;
   Dtype dtype;
 };

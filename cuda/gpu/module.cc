@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -23,11 +22,17 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "common/comm_resources.h"
+#include "common/failure_text.h"
+#include "common/module_util.h"
+#include "common/rank_identity.h"
 #include "common/registry.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
+#include "gpu/capacity.h"
 #include "gpu/protocol_probe.h"
 #include "gpu/rank_state.h"
+#include "gpu/row_plan.h"
 #include "gpu/rms_norm.h"
 #include "gpu/reduce_scatter_all_gather.h"
 #include "gpu/reduce_scatter_all_gather_handlers.h"
@@ -37,15 +42,10 @@ namespace nb = nanobind;
 namespace jax_ar::gpu {
 namespace {
 
-std::mutex resources_mutex;
-std::map<uint64_t, std::shared_ptr<CommResources>> resources_by_comm;
 std::atomic<uint64_t> next_token{1};
 
 std::shared_ptr<CommResources> ResourcesOf(uint64_t comm_id) {
-  std::lock_guard<std::mutex> lock(resources_mutex);
-  auto& entry = resources_by_comm[comm_id];
-  if (!entry) entry = std::make_shared<CommResources>();
-  return entry;
+  return CommResourceTable<CommResources>::Instance().Of(comm_id);
 }
 
 std::string CudaText(cudaError_t err) {
@@ -167,13 +167,8 @@ void ConnectLocal(uint64_t comm_id, int device, int peer_device) {
 void RegisterRank(uint64_t comm_id, int device, int rank, int world,
                   const std::vector<uintptr_t>& workspaces, size_t workspace_bytes,
                   double timeout_s, const std::string& label) {
-  if (world < 1 || world > kMaxRanks || rank < 0 || rank >= world ||
-      static_cast<int>(workspaces.size()) != world) {
-    throw std::invalid_argument("jax_ar: bad rank layout for register_rank");
-  }
-  if (workspace_bytes <= kControlBytes) {
-    throw std::invalid_argument("jax_ar: workspace smaller than its control block");
-  }
+  const RankIdentity identity = RegisteredIdentity(comm_id, device, rank, world, workspaces,
+                                                   workspace_bytes, timeout_s, label);
   DeviceGuard guard(device);
   for (cudaError_t err :
        {LoadKernels(), LoadRmsNormKernels(), LoadReduceScatterAllGatherKernels(),
@@ -182,14 +177,7 @@ void RegisterRank(uint64_t comm_id, int device, int rank, int world,
                    " (was the package built for this GPU's architecture?)");
   }
   auto state = std::make_shared<RankState>();
-  state->comm_id = comm_id;
-  state->device_ordinal = device;
-  state->rank = rank;
-  state->world = world;
-  state->workspace_bytes = workspace_bytes;
-  state->timeout_s = timeout_s;
-  state->label = label;
-  for (int r = 0; r < world; ++r) state->workspaces[r] = reinterpret_cast<std::byte*>(workspaces[r]);
+  static_cast<RankIdentity&>(*state) = identity;
   state->resources = ResourcesOf(comm_id);
 
   void* record = nullptr;
@@ -329,15 +317,8 @@ std::string Verify(uint64_t comm_id, const std::vector<int>& devices) {
 // for launches in flight, then unmaps and frees.
 void CloseComm(uint64_t comm_id) {
   auto states = Registry<RankState>::Instance().Remove(comm_id);
-  std::shared_ptr<CommResources> resources;
-  {
-    std::lock_guard<std::mutex> lock(resources_mutex);
-    auto it = resources_by_comm.find(comm_id);
-    if (it != resources_by_comm.end()) {
-      resources = it->second;
-      resources_by_comm.erase(it);
-    }
-  }
+  std::shared_ptr<CommResources> resources =
+      CommResourceTable<CommResources>::Instance().Take(comm_id);
   std::vector<int> devices;
   for (auto& state : states) {
     DeviceGuard guard(state->device_ordinal);
@@ -365,11 +346,6 @@ void CloseComm(uint64_t comm_id) {
   cudaGetLastError();
 }
 
-template <typename T>
-nb::capsule EncapsulateHandler(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
 }  // namespace
 
 NB_MODULE(_jax_ar_cuda, m) {
@@ -393,31 +369,34 @@ NB_MODULE(_jax_ar_cuda, m) {
 
   m.def("capacities",
         [](uint64_t workspace_bytes, int world) {
-          // What one launch carries per algorithm (all_reduce.cc: one-shot LL
-          // packets hold 8 data bytes in 16; two-shot fills a plain slot per
-          // rank), and a sender's share of a plain half (the fused kernel's
-          // two-shot rows).
+          CheckCapacityArgs(workspace_bytes, world);
           const DataLayout layout = LayoutOf(workspace_bytes);
-          const uint64_t ll_slot = AlignDown(layout.ll_half / world);
-          const uint64_t plain_slot = AlignDown(layout.plain_half / (2 * world));
           nb::dict out;
-          out["oneshot"] = AlignDown(ll_slot / 2);
-          out["twoshot"] = plain_slot * world;
-          out["sender_share"] = layout.plain_half / world;
+          out["oneshot"] = RoundCapacity(layout, world, Algorithm::kOneShot);
+          out["twoshot"] = RoundCapacity(layout, world, Algorithm::kTwoShot);
+          out["sender_share"] = SenderShare(layout, world);
+          out["max_fused_row_bytes"] = MaxFusedRowBytes(layout, world);
           return out;
         },
         nb::arg("workspace_bytes"), nb::arg("world"),
-        "Bytes one launch carries per algorithm, and a sender's share of a plain half.");
+        "Bytes one launch carries per algorithm (oneshot, twoshot), a sender's share of a "
+        "plain half (sender_share), and the longest row all_reduce_rms_norm fuses "
+        "(max_fused_row_bytes), from the functions the handlers use (capacity.h).");
+
+  m.def("limits",
+        []() {
+          nb::dict limits = CommonLimits();
+          limits["rms_norm_max_row_vectors"] = kMaxRowVectors;
+          return limits;
+        },
+        "max_ranks, control_bytes, the rows the norm kernels take (vector_bytes, "
+        "fused_min_hidden, fused_max_hidden) and the longest row of rms_norm's kernel in "
+        "16-byte vectors (rms_norm_max_row_vectors).");
 
   m.def("registrations", []() {
-    nb::dict targets;
-    targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
-    targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
-    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
-    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
-    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
-    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
-    targets["jax_ar_protocol_probe"] = EncapsulateHandler(kProtocolProbe);
+    nb::dict targets = Registrations({kAllReduce, kReduceScatter, kAllGather, kRmsNorm,
+                                      kAddRmsNorm, kAllReduceRmsNorm});
+    targets["jax_ar_protocol_probe"] = EncapsulateHandler(kProtocolProbe);  // the CUDA backend's only
     return targets;
   });
 
@@ -437,7 +416,8 @@ NB_MODULE(_jax_ar_cuda, m) {
   m.def("failure",
         [](uint64_t comm_id, int device_ordinal) -> std::string {
           auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-          return state ? state->Failure() : std::string();
+          const std::string core = state ? state->Failure() : std::string();
+          return core.empty() ? core : Unusable(core);
         },
         nb::arg("comm_id"), nb::arg("device_ordinal"),
         "The message of the call that broke this rank, or '' while it is healthy.");

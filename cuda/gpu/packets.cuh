@@ -107,8 +107,11 @@ __device__ __forceinline__ bool AwaitPeerPackets(const ProtocolArgs& a, const st
       }
     }
     if (header != nullptr && h.y == flag && h.w == flag) {
-      if (((static_cast<uint64_t>(h.z) << 32) | h.x) != a.signature) {
-        Abort(a, EncodeAbort(kMismatch, a.rank, header_peer), waiter.launch());
+      const uint64_t theirs = (static_cast<uint64_t>(h.z) << 32) | h.x;
+      if (theirs != a.signature) {
+        Abort(a, EncodeAbort(kMismatch, a.rank, header_peer, a.operation,
+                             static_cast<Operation>(SignatureOperation(theirs))),
+              waiter.launch());
         return false;
       }
       header = nullptr;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/find_rank.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
 
@@ -22,7 +23,8 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
     return InvalidArgument("protocol_probe: unknown stage " + std::to_string(stage));
   }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = FindRank<RankState>(static_cast<uint64_t>(comm_id), device_ordinal,
+                                   Operation::kAllReduce, error);
   if (state == nullptr) return error;
   const auto which = static_cast<ProbeStage>(stage);
   switch (which) {
@@ -36,10 +38,11 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       break;
   }
   ProtocolArgs a{};
-  FillProtocolArgs(*state, a);
-  a.signature = HashMix(HashMix(kFnvOffset, 0x50524f4245ull), static_cast<uint64_t>(stage));  // "PROBE"
+  FillProtocolArgs(*state, Operation::kAllReduce, a);
+  a.signature = SignatureOf(Operation::kAllReduce,
+                            HashMix(HashMix(kFnvOffset, 0x50524f4245ull), static_cast<uint64_t>(stage)));  // "PROBE"
   if (const cudaError_t err = LaunchProtocolProbe(which, a, stream); err != cudaSuccess) {
-    return Internal(std::string("protocol_probe launch failed: ") + cudaGetErrorString(err));
+    return LaunchFailed(*state, Operation::kAllReduce, err);
   }
   return ffi::Error::Success();
 }

@@ -1,8 +1,10 @@
 #include "gpu/rank_state.h"
 
 #include <bitset>
-#include <cstdio>
 #include <map>
+#include <string>
+
+#include "common/failure_text.h"
 
 namespace jax_ar::gpu {
 
@@ -11,6 +13,23 @@ RankState::~RankState() {
   // clears it before the rank state can be dropped).
   if (record != nullptr) cudaFreeHost(record);
 }
+
+namespace {
+
+// The core of the failure `kind` (without kToldByPeer) that `site`'s rank
+// found, blaming `peer` (whose operation `peer_operation` a mismatch knows).
+std::string KindText(uint32_t kind, const CallSite& site, Operation operation, int peer,
+                     Operation peer_operation, double timeout_s) {
+  switch (kind) {
+    case kTimeout: return TimeoutText(site, timeout_s, peer);
+    case kMismatch: return MismatchText(site, peer, OtherCallText(operation, peer_operation));
+    case kConcurrent: return ConcurrentText(site);
+  }
+  return "rank " + std::to_string(site.rank) + " of " + site.label + " failed in " + site.call +
+         " with code " + std::to_string(kind);
+}
+
+}  // namespace
 
 std::string RankState::Failure() const {
   {
@@ -21,45 +40,19 @@ std::string RankState::Failure() const {
   const volatile FailureRecord* r = record;
   const uint32_t kind = r->kind;  // written last by the kernel
   if (kind == kHealthy) return "";
-  const int me = r->rank, culprit = r->culprit, peer = r->peer;
-  const auto launch = static_cast<unsigned long long>(r->launch);
-  char what[320];
-  switch (kind & ~kToldByPeer) {
-    case kTimeout:
-      std::snprintf(what, sizeof(what),
-                    "rank %d timed out after %.1f s waiting for rank %d (rank %d never reached "
-                    "this call: it may have crashed, skipped the call, or be stuck)",
-                    culprit, timeout_s, peer, peer);
-      break;
-    case kMismatch:
-      std::snprintf(what, sizeof(what),
-                    "rank %d and rank %d made different calls (shapes, dtypes, op or algorithm "
-                    "differ; every rank must make the same calls)",
-                    culprit, peer);
-      break;
-    case kConcurrent:
-      std::snprintf(what, sizeof(what),
-                    "two jax_ar calls of this communicator ran at the same time on rank %d "
-                    "(jax_ar needs its calls on one device to run one after another; was "
-                    "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT set?)",
-                    culprit);
-      break;
-    default:
-      std::snprintf(what, sizeof(what), "rank %d failed with code %u", culprit, kind);
+  const auto operation = static_cast<Operation>(r->operation);
+  const auto culprit_operation = static_cast<Operation>(r->culprit_operation);
+  const auto peer_operation = static_cast<Operation>(r->peer_operation);
+  const int culprit = r->culprit, peer = r->peer;
+  const CallSite site{OperationName(operation), label, r->rank, r->launch};
+  if ((kind & kToldByPeer) == 0) {
+    return KindText(kind, site, operation, peer, peer_operation, timeout_s);
   }
-  char text[640];
-  if (kind & kToldByPeer) {
-    std::snprintf(text, sizeof(text),
-                  "rank %d of %s stopped in jax_ar launch %llu because %s. The communicator is "
-                  "unusable until close() and a new setup().",
-                  me, label.c_str(), launch, what);
-  } else {
-    std::snprintf(text, sizeof(text),
-                  "rank %d of %s failed in jax_ar launch %llu: %s. The communicator is unusable "
-                  "until close() and a new setup().",
-                  me, label.c_str(), launch, what);
-  }
-  return text;
+  // The culprit's launch number is not in the abort code; its operation is.
+  const CallSite culprit_site{OperationName(culprit_operation), label, culprit, 0};
+  return PeerFailedText(site, culprit,
+                        KindText(kind & ~kToldByPeer, culprit_site, culprit_operation, peer,
+                                 peer_operation, timeout_s));
 }
 
 void RankState::SetHostFailure(const std::string& text) {

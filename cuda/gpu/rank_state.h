@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "common/protocol.h"
+#include "common/rank_identity.h"
 #include "gpu/layout.h"
 
 namespace jax_ar::gpu {
@@ -53,20 +53,13 @@ struct CommResources {
   }
 };
 
-struct RankState {
+struct RankState : RankIdentity {
+  static constexpr const char* kDeviceKind = "GPU";
+
   RankState() = default;
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
   ~RankState();
-
-  uint64_t comm_id = 0;
-  int device_ordinal = 0;
-  int rank = 0;
-  int world = 0;
-  size_t workspace_bytes = 0;
-  double timeout_s = 0;
-  std::string label;  // "axis 'tp'", for messages
-  std::array<std::byte*, kMaxRanks> workspaces{};  // as this device addresses them
 
   int slot = -1;                      // in the device's LocalControl table
   uint64_t token = 0;                 // this registration's value of that slot
@@ -78,10 +71,12 @@ struct RankState {
 
   DataLayout layout() const { return LayoutOf(workspace_bytes); }
 
-  // The failure message of this rank, or "" while it is healthy.
+  // The core of this rank's failure (failure_text.h), or "" while it is
+  // healthy.
   std::string Failure() const;
-  // Records a failure found on the host (a launch that did not start).
-  void SetHostFailure(const std::string& text);
+  // Records a failure found on the host (a launch that did not start), as
+  // the core of its message.
+  void SetHostFailure(const std::string& core);
 
  private:
   mutable std::mutex failure_mutex_;

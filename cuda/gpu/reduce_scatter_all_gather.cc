@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/handler_start.h"
 #include "gpu/handlers.h"
 #include "gpu/reduce_scatter_all_gather.h"
 #include "gpu/reduce_scatter_all_gather_handlers.h"
@@ -31,14 +32,16 @@ uint64_t ChunkSignature(ChunkCollective kind, int32_t op, int world, ffi::DataTy
 // worth per launch.
 ffi::Error RunChunkLaunches(cudaStream_t stream, RankState& state, ChunkCollective kind,
                             ChunkLaunchArgs& a, uint64_t signature) {
-  const uint64_t slot = SlotBytes(state, Algorithm::kOneShot);
+  const uint64_t slot = SlotBytes(state.layout(), state.world, Algorithm::kOneShot);
   if (slot == 0) return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
-  FillProtocolArgs(state, a);
+  const Operation operation = kind == ChunkCollective::kReduceScatter ? Operation::kReduceScatter
+                                                                      : Operation::kAllGather;
+  FillProtocolArgs(state, operation, a);
   a.slot_bytes = slot;
   for (uint64_t offset = 0, index = 0; offset < a.chunk_bytes; offset += slot, ++index) {
     a.offset = offset;
     a.bytes = std::min(slot, a.chunk_bytes - offset);
-    a.signature = HashMix(HashMix(signature, index), a.bytes);
+    a.signature = SignatureOf(operation, HashMix(HashMix(signature, index), a.bytes));
     // Blocks from this launch's size and the world size alone, as two-shot
     // does for a message of `world` such chunks.
     const TwoShotPlan plan = PlanTwoShot(a.bytes * state.world, state.world, kChunkThreads);
@@ -46,14 +49,7 @@ ffi::Error RunChunkLaunches(cudaStream_t stream, RankState& state, ChunkCollecti
     const cudaError_t err = kind == ChunkCollective::kReduceScatter
                                 ? LaunchReduceScatter(a, plan.blocks, stream)
                                 : LaunchAllGather(a, plan.blocks, stream);
-    if (err != cudaSuccess) {
-      const std::string text = std::string(kind == ChunkCollective::kReduceScatter
-                                               ? "reduce_scatter"
-                                               : "all_gather") +
-                               " kernel launch failed: " + cudaGetErrorString(err);
-      state.SetHostFailure(text);
-      return Internal(text);
-    }
+    if (err != cudaSuccess) return LaunchFailed(state, operation, err);
   }
   return ffi::Error::Success();
 }
@@ -64,21 +60,12 @@ ffi::Error ReduceScatterHandler(cudaStream_t stream,
                                 ffi::Result<ffi::AnyBuffer> out,  // [...], my row reduced
                                 int64_t comm_id,                  // Communicator.comm_id
                                 int32_t op) {                     // ReduceOp
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  ChunkLaunchArgs a{};
-  if (!ToDtype(in.element_type(), a.dtype)) {
-    return InvalidArgument(std::string("reduce_scatter does not support dtype ") +
-                           DtypeName(in.element_type()));
-  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = StartReduceScatter<RankState>(comm_id, device_ordinal, in, *out, op, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      out->size_bytes() * static_cast<size_t>(state->world) != in.size_bytes()) {
-    return InvalidArgument("reduce_scatter result must be 1/" + std::to_string(state->world) +
-                           " of its operand, with the same dtype");
-  }
   if (out->size_bytes() == 0) return ffi::Error::Success();
+  ChunkLaunchArgs a{};
+  ToDtype(in.element_type(), a.dtype);  // reducible: StartReduceScatter checked
   a.in = static_cast<const std::byte*>(in.untyped_data());
   a.out = static_cast<std::byte*>(out->untyped_data());
   a.chunk_bytes = out->size_bytes();
@@ -93,15 +80,9 @@ ffi::Error AllGatherHandler(cudaStream_t stream,
                             ffi::AnyBuffer in,                // [...], my chunk
                             ffi::Result<ffi::AnyBuffer> out,  // [world, ...], row j from rank j
                             int64_t comm_id) {                // Communicator.comm_id
-  // Only bytes move, so any element type will do.
   ffi::Error error = ffi::Error::Success();
-  auto state = FindLiveRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = StartAllGather<RankState>(comm_id, device_ordinal, in, *out, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      in.size_bytes() * static_cast<size_t>(state->world) != out->size_bytes()) {
-    return InvalidArgument("all_gather result must be " + std::to_string(state->world) +
-                           " times its operand, with the same dtype");
-  }
   if (in.size_bytes() == 0) return ffi::Error::Success();
   ChunkLaunchArgs a{};
   a.in = static_cast<const std::byte*>(in.untyped_data());

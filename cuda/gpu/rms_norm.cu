@@ -9,88 +9,34 @@
 // through shared memory. Small rows pack several groups into one block.
 //
 // Latency matters as much for the few-token calls of decoding: with at
-// most kPrefetchVectors vectors per thread, gamma is loaded together with
-// the row, so that a call waits for memory once, not twice (before and
-// after the reduction). Rows of more than 1024 * kPrefetchVectors vectors
-// take up to kMaxVectorsPerThread per thread and load gamma after the
-// reduction: prefetching it there costs registers (64 at most, for
-// 1024-thread blocks) and measured slower. The plan depends on the row
-// length alone, so a row's result does not depend on how many rows a call
-// has.
+// most kRmsNormVectorsPerThread vectors per thread, gamma is loaded together
+// with the row, so that a call waits for memory once, not twice (before and
+// after the reduction). Rows of more than kMaxThreadsPerRow *
+// kRmsNormVectorsPerThread vectors take up to kMaxVectorsPerThread per
+// thread and load gamma after the reduction: prefetching it there costs
+// registers (64 at most, for 1024-thread blocks) and measured slower. The
+// plan (row_plan.h) depends on the row length alone, so a row's result does
+// not depend on how many rows a call has.
 #include "gpu/rms_norm.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "common/norm_limits.h"
 #include "common/rms_norm_args.h"
+#include "gpu/row_norm.cuh"
+#include "gpu/row_plan.h"
+#include "gpu/vec.cuh"
 
 namespace jax_ar::gpu {
 namespace {
 
-constexpr int kMaxVectorsPerThread = 4;
-constexpr int kPrefetchVectors = 2;
-constexpr int kMaxThreadsPerRow = 1024;
-constexpr int kMinBlockThreads = 256;
-static_assert(kMaxRowVectors <= kMaxThreadsPerRow * kMaxVectorsPerThread,
-              "LaunchTyped instantiates up to kMaxVectorsPerThread vectors per thread");
-
-// Element type -> float32 and back (round to nearest even), 16 bytes at a time.
-template <typename T>
-struct Lanes;
-
-template <>
-struct Lanes<float> {
-  static constexpr int kCount = 4;
-  __device__ static void Unpack(uint4 v, float* a) {
-    a[0] = __uint_as_float(v.x), a[1] = __uint_as_float(v.y);
-    a[2] = __uint_as_float(v.z), a[3] = __uint_as_float(v.w);
-  }
-  __device__ static uint4 Pack(const float* a) {
-    return make_uint4(__float_as_uint(a[0]), __float_as_uint(a[1]), __float_as_uint(a[2]),
-                      __float_as_uint(a[3]));
-  }
-};
-
-template <typename Half2, typename Convert>
-struct PairedLanes {
-  static constexpr int kCount = 8;
-  __device__ static void Unpack(uint4 v, float* a) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = Convert::ToFloat2(*reinterpret_cast<const Half2*>(&w[i]));
-      a[2 * i] = f.x, a[2 * i + 1] = f.y;
-    }
-  }
-  __device__ static uint4 Pack(const float* a) {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const Half2 h = Convert::FromFloat2(make_float2(a[2 * i], a[2 * i + 1]));
-      w[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-  }
-};
-
-struct Bf16Pair {
-  __device__ static float2 ToFloat2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
-  __device__ static __nv_bfloat162 FromFloat2(float2 f) { return __float22bfloat162_rn(f); }
-};
-struct HalfPair {
-  __device__ static float2 ToFloat2(__half2 h) { return __half22float2(h); }
-  __device__ static __half2 FromFloat2(float2 f) { return __float22half2_rn(f); }
-};
-
-template <>
-struct Lanes<__nv_bfloat16> : PairedLanes<__nv_bfloat162, Bf16Pair> {};
-template <>
-struct Lanes<__half> : PairedLanes<__half2, HalfPair> {};
+// The standalone norm converts with CUDA's intrinsics (vec.cuh says why).
+template <Dtype D>
+using NormVec = Vec<D, FastIntrinsics>;
 
 struct NormArgs {
   const void* x;
@@ -101,33 +47,15 @@ struct NormArgs {
   int64_t rows;
   int row_vectors;      // hidden / lanes
   int threads_per_row;  // power of two
-  float inv_hidden;
   float eps;
 };
 
-// Sum over the threads of one row group. `partials` holds one float per warp
-// of the block; only groups wider than a warp use it.
-__device__ __forceinline__ float RowSum(float value, int threads_per_row, float* partials) {
-  const int width = min(threads_per_row, 32);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  if (threads_per_row <= 32) return value;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partials[threadIdx.y * (threads_per_row / 32) + warp] = value;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < threads_per_row / 32; ++w) total += partials[threadIdx.y * (threads_per_row / 32) + w];
-  return total;
-}
-
 // Normalizes the row group starting at row `first` (blockDim.y rows, one per
 // threadIdx.y).
-template <typename T, int kVectors, bool kResidual>
+template <Dtype D, int kVectors, bool kResidual>
 __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t first,
-                                                  float* partials) {
-  using L = Lanes<T>;
+                                                  double* partials) {
+  using V = NormVec<D>;
   const int64_t row = first + threadIdx.y;
   const bool active = row < args.rows;
   const int64_t base = row * args.row_vectors;
@@ -136,7 +64,7 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
 
   // The same for every row: cached.
   const auto* gamma = static_cast<const uint4*>(args.gamma);
-  constexpr bool kPrefetchGamma = kVectors <= kPrefetchVectors;
+  constexpr bool kPrefetchGamma = kVectors <= kRmsNormVectorsPerThread;
   uint4 loaded[kVectors], loaded_residual[kVectors], loaded_gamma[kVectors];
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
@@ -148,42 +76,43 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
     }
   }
 
-  float v[kVectors][L::kCount];
-  float sum_squares = 0.0f;
+  float v[kVectors][V::kLanes];
+  double sum_of_squares = 0.0;
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (active && i < args.row_vectors) {
-      L::Unpack(loaded[k], v[k]);
+      V::Unpack(loaded[k], v[k]);
       if constexpr (kResidual) {
-        // The residual stream is kept in T: round the sum, store it, and
+        // The residual stream is kept in x's type: round the sum, store it, and
         // normalize the stored value.
-        float r[L::kCount];
-        L::Unpack(loaded_residual[k], r);
+        float r[V::kLanes];
+        V::Unpack(loaded_residual[k], r);
 #pragma unroll
-        for (int j = 0; j < L::kCount; ++j) v[k][j] = __fadd_rn(v[k][j], r[j]);
-        const uint4 rounded = L::Pack(v[k]);
+        for (int j = 0; j < V::kLanes; ++j) v[k][j] = __fadd_rn(v[k][j], r[j]);
+        const uint4 rounded = V::Pack(v[k]);
         static_cast<uint4*>(args.residual_out)[base + i] = rounded;
-        L::Unpack(rounded, v[k]);
+        V::Unpack(rounded, v[k]);
       }
-#pragma unroll
-      for (int j = 0; j < L::kCount; ++j) sum_squares = fmaf(v[k][j], v[k][j], sum_squares);
+      AddSquares<V::kLanes>(v[k], sum_of_squares);
     }
   }
 
-  const float total = RowSum(sum_squares, args.threads_per_row, partials);
-  const float inv_rms = rsqrtf(fmaf(total, args.inv_hidden, args.eps));
+  // One row group per block: partials are written once.
+  const float inv_rms = RowInverseRms</*kPartialsReused=*/false>(
+      sum_of_squares, args.row_vectors * V::kLanes, args.eps, args.threads_per_row, threadIdx.x,
+      threadIdx.y, partials);
   if (!active) return;
   auto* out = static_cast<uint4*>(args.out) + base;
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (i < args.row_vectors) {
-      float g[L::kCount];
-      L::Unpack(kPrefetchGamma ? loaded_gamma[k] : gamma[i], g);
+      float g[V::kLanes];
+      V::Unpack(kPrefetchGamma ? loaded_gamma[k] : gamma[i], g);
 #pragma unroll
-      for (int j = 0; j < L::kCount; ++j) v[k][j] = __fmul_rn(__fmul_rn(v[k][j], inv_rms), g[j]);
-      out[i] = L::Pack(v[k]);
+      for (int j = 0; j < V::kLanes; ++j) v[k][j] = __fmul_rn(__fmul_rn(v[k][j], inv_rms), g[j]);
+      out[i] = V::Pack(v[k]);
     }
   }
 }
@@ -191,52 +120,40 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
 // One block per row group. (A persistent grid striding over the row groups,
 // with or without streaming cache hints, measured 2-8% slower on an H200:
 // see docs/rms_norm.md.)
-template <typename T, int kVectors, bool kResidual>
-__global__ void __launch_bounds__(1024, 1) RmsNormKernel(NormArgs args) {
-  extern __shared__ float partials[];
-  NormalizeRowGroup<T, kVectors, kResidual>(args, static_cast<int64_t>(blockIdx.x) * blockDim.y,
+template <Dtype D, int kVectors, bool kResidual>
+__global__ void __launch_bounds__(kMaxThreadsPerRow, 1) RmsNormKernel(NormArgs args) {
+  extern __shared__ double partials[];
+  NormalizeRowGroup<D, kVectors, kResidual>(args, static_cast<int64_t>(blockIdx.x) * blockDim.y,
                                             partials);
 }
 
-// Launch shape from the row length alone: a power-of-two group per row with
-// up to kPrefetchVectors vectors per thread (up to kMaxVectorsPerThread once
-// the group has kMaxThreadsPerRow threads), and at least kMinBlockThreads per
-// block.
-struct Plan {
-  int threads_per_row;
-  int vectors_per_thread;
-  int rows_per_block;
-};
-
-Plan PlanRows(int row_vectors) {
-  int threads = 1;
-  while (threads * kPrefetchVectors < row_vectors && threads < kMaxThreadsPerRow) threads *= 2;
-  Plan plan;
-  plan.threads_per_row = threads;
-  plan.vectors_per_thread = (row_vectors + threads - 1) / threads;
-  plan.rows_per_block = std::max(1, kMinBlockThreads / threads);
-  return plan;
-}
-
-template <typename T, int kVectors, bool kResidual>
-cudaError_t LaunchVectors(cudaStream_t stream, const NormArgs& args, const Plan& plan) {
+template <Dtype D, int kVectors, bool kResidual>
+cudaError_t LaunchVectors(cudaStream_t stream, const NormArgs& args, const RowPlan& plan) {
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   const int64_t blocks = (args.rows + plan.rows_per_block - 1) / plan.rows_per_block;
   const size_t shared = plan.threads_per_row > 32
-                            ? sizeof(float) * plan.rows_per_block * (plan.threads_per_row / 32)
+                            ? sizeof(double) * plan.rows_per_block * (plan.threads_per_row / 32)
                             : 0;
-  RmsNormKernel<T, kVectors, kResidual><<<blocks, block, shared, stream>>>(args);
+  RmsNormKernel<D, kVectors, kResidual><<<blocks, block, shared, stream>>>(args);
   return cudaGetLastError();
 }
 
-template <typename T, bool kResidual>
-cudaError_t LaunchTyped(cudaStream_t stream, const NormArgs& args, const Plan& plan) {
+template <Dtype D, bool kResidual>
+cudaError_t LaunchTyped(cudaStream_t stream, const NormArgs& args, const RowPlan& plan) {
+  static_assert(kMaxVectorsPerThread == 4, "one instantiation per vectors_per_thread");
   switch (plan.vectors_per_thread) {
-    case 1: return LaunchVectors<T, 1, kResidual>(stream, args, plan);
-    case 2: return LaunchVectors<T, 2, kResidual>(stream, args, plan);
-    case 3: return LaunchVectors<T, 3, kResidual>(stream, args, plan);
-    default: return LaunchVectors<T, 4, kResidual>(stream, args, plan);
+    case 1: return LaunchVectors<D, 1, kResidual>(stream, args, plan);
+    case 2: return LaunchVectors<D, 2, kResidual>(stream, args, plan);
+    case 3: return LaunchVectors<D, 3, kResidual>(stream, args, plan);
+    default: return LaunchVectors<D, 4, kResidual>(stream, args, plan);
   }
+}
+
+template <Dtype D>
+cudaError_t Launch(cudaStream_t stream, const NormArgs& args, const RowPlan& plan,
+                   bool with_residual) {
+  return with_residual ? LaunchTyped<D, true>(stream, args, plan)
+                       : LaunchTyped<D, false>(stream, args, plan);
 }
 
 ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
@@ -250,20 +167,19 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
     return error;
   }
   const ffi::DataType dtype = x.element_type();
-  const size_t lanes = 16 / DtypeBytes(dtype);
+  const size_t lanes = kNormVectorBytes / DtypeBytes(dtype);
   if (hidden % lanes != 0 || hidden / lanes > static_cast<size_t>(kMaxRowVectors)) {
-    return InvalidArgument(std::string(kOp) + ": the CUDA kernel needs a hidden size that is a "
-                           "multiple of " + std::to_string(lanes) + " up to " +
-                           std::to_string(lanes * kMaxRowVectors) + ", got " +
-                           std::to_string(hidden));
+    return InvalidCall(kOp, "the CUDA kernel needs a hidden size that is a multiple of " +
+                                std::to_string(lanes) + " up to " +
+                                std::to_string(lanes * kMaxRowVectors) + ", got " +
+                                std::to_string(hidden));
   }
   if (rows == 0) return ffi::Error::Success();
-  for (const void* p : {x.untyped_data(), gamma.untyped_data(), out.untyped_data(),
-                        residual ? residual->untyped_data() : nullptr,
-                        residual_out ? residual_out->untyped_data() : nullptr}) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-      return InvalidArgument(std::string(kOp) + ": the CUDA kernel needs 16-byte aligned buffers");
-    }
+  if (auto error = CheckAligned(kOp, {x.untyped_data(), gamma.untyped_data(), out.untyped_data(),
+                                      residual ? residual->untyped_data() : nullptr,
+                                      residual_out ? residual_out->untyped_data() : nullptr});
+      error.failure()) {
+    return error;
   }
   NormArgs args;
   args.x = x.untyped_data();
@@ -273,24 +189,20 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
   args.residual_out = residual_out ? residual_out->untyped_data() : nullptr;
   args.rows = static_cast<int64_t>(rows);
   args.row_vectors = static_cast<int>(hidden / lanes);
-  args.inv_hidden = 1.0f / static_cast<float>(hidden);
   args.eps = eps;
-  const Plan plan = PlanRows(args.row_vectors);
+  const RowPlan plan = PlanRow(args.row_vectors, kRmsNormVectorsPerThread);
   args.threads_per_row = plan.threads_per_row;
   cudaError_t status = cudaSuccess;
   const bool with_residual = residual != nullptr;
   switch (dtype) {
     case ffi::DataType::F32:
-      status = with_residual ? LaunchTyped<float, true>(stream, args, plan)
-                             : LaunchTyped<float, false>(stream, args, plan);
+      status = Launch<Dtype::kF32>(stream, args, plan, with_residual);
       break;
     case ffi::DataType::BF16:
-      status = with_residual ? LaunchTyped<__nv_bfloat16, true>(stream, args, plan)
-                             : LaunchTyped<__nv_bfloat16, false>(stream, args, plan);
+      status = Launch<Dtype::kBF16>(stream, args, plan, with_residual);
       break;
     default:
-      status = with_residual ? LaunchTyped<__half, true>(stream, args, plan)
-                             : LaunchTyped<__half, false>(stream, args, plan);
+      status = Launch<Dtype::kF16>(stream, args, plan, with_residual);
       break;
   }
   if (status != cudaSuccess) {

@@ -28,7 +28,6 @@ from .rendezvous import Rendezvous, machine_identity
 __all__ = ["Communicator", "close_all", "find_communicator", "open_communicator",
            "open_communicators"]
 
-MAX_RANKS = 16  # cuda/common/protocol.h kMaxRanks
 MIN_WORKSPACE_BYTES = 1 << 20
 MAX_WORKSPACE_BYTES = 1 << 40  # more than any GPU or /dev/shm holds; keeps sizes in int64
 DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "gpu": 64 << 20}
@@ -72,8 +71,9 @@ class Communicator:
 
     def capacity_bytes(self, key: str) -> int:
         """Largest message one protocol round carries (key "oneshot" or
-        "twoshot"; larger ones take several), or a sender's share of a data
-        half ("sender_share"). The compiled module of the platform answers
+        "twoshot"; larger ones take several), a sender's share of a data
+        half ("sender_share"), or the longest row the fused norm kernel
+        carries in one round of either algorithm ("max_fused_row_bytes"). The compiled module of the platform answers
         from its own workspace layout (CPU and GPU divide it differently)."""
         if self._capacities is None:
             try:
@@ -267,8 +267,9 @@ def _connect(comm: Communicator, agreement) -> None:
         comm.fallback_reason = f"{label} has size 1"
         config.log_once(("fallback", comm.comm_id), f"jax_ar: {comm.fallback_reason}; psum serves it")
         return
-    if comm.world_size > MAX_RANKS:
-        comm.fallback_reason = f"{label} has {comm.world_size} devices, more than {MAX_RANKS}"
+    max_ranks = _native.limits(comm.platform)["max_ranks"]
+    if comm.world_size > max_ranks:
+        comm.fallback_reason = f"{label} has {comm.world_size} devices, more than {max_ranks}"
         config.log_once(("fallback", comm.comm_id), f"jax_ar: {comm.fallback_reason}; psum serves it")
         return
     try:

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import batching
 
-from .. import _compat, config, selection
+from .. import _compat, _native, config, selection
 from .._native import ALGORITHM_CODES
 from ._axes import as_varying
 from ._primitive import collective_primitive, fallback_reason, log_fallback
@@ -45,8 +45,6 @@ __all__ = ["all_reduce_rms_norm_p", "fused_or_composed"]
 
 TARGET = "jax_ar_all_reduce_rms_norm"
 
-# What the fused kernels take: 16-byte vectors along the hidden dimension.
-MIN_HIDDEN, MAX_HIDDEN, VECTOR_BYTES = 128, 16384, 16
 
 _FP8_NOT_DIFFERENTIABLE = (
     "jax_ar.all_reduce_rms_norm with quant_scale (float8_e4m3fn output) is not differentiable: "
@@ -177,21 +175,16 @@ def _unfused(x, residual, gamma, scale, *, reduce, eps, quantize):
     return out, residual_out
 
 
-def _row_fits(comm, row_bytes) -> bool:
-    """Whether one row fits a round of either algorithm in every backend:
-    per sender, the two-shot layout holds a row of input and a row of each
-    output (16 bytes of alignment slack per region); one-shot needs less."""
-    per_sender = comm.capacity_bytes("sender_share")
-    return 3 * row_bytes + 48 <= per_sender
-
-
-def _kernel_refuses(x) -> str | None:
-    """Why the fused kernels do not take x's shape, or None."""
+def _kernel_refuses(x, platform) -> str | None:
+    """Why the fused kernels (the compiled module's limits) do not take x's
+    rows, or None."""
+    limits = _native.limits(platform)
+    low, high = limits["fused_min_hidden"], limits["fused_max_hidden"]
     hidden, itemsize = x.shape[-1], np.dtype(x.dtype).itemsize
-    vector = VECTOR_BYTES // itemsize
-    if not MIN_HIDDEN <= hidden <= MAX_HIDDEN or hidden % vector:
+    vector = limits["vector_bytes"] // itemsize
+    if not low <= hidden <= high or hidden % vector:
         return (f"hidden size {hidden} is not a multiple of {vector} in "
-                f"[{MIN_HIDDEN}, {MAX_HIDDEN}] for {np.dtype(x.dtype)}")
+                f"[{low}, {high}] for {np.dtype(x.dtype)}")
     return None
 
 
@@ -223,9 +216,9 @@ def fused_or_composed(x, residual, gamma, scale, axes, comm, eps, algorithm, qua
     # workspace as fit (the handlers run several rounds for the rest); a row
     # too long for one round takes the general path, whose all_reduce cuts
     # anywhere.
-    reason = _kernel_refuses(x) if x.size else "no elements"
+    reason = _kernel_refuses(x, comm.platform) if x.size else "no elements"
     row_bytes = x.shape[-1] * x.dtype.itemsize
-    if reason is None and not _row_fits(comm, row_bytes):
+    if reason is None and row_bytes > comm.capacity_bytes("max_fused_row_bytes"):
         reason = (f"one row of {row_bytes} bytes does not fit a round of the workspace "
                   f"(workspace_bytes={comm.workspace_bytes}, {comm.world_size} ranks)")
     if reason is not None:

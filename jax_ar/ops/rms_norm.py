@@ -37,10 +37,6 @@ __all__ = ["SUPPORTED_DTYPES", "module_serves", "rms_norm_p"]
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
 
-# The CUDA kernel loads 16-byte vectors and keeps a row in registers, at most
-# 4 vectors per thread for 1024 threads (cuda/gpu/rms_norm.h kMaxRowVectors).
-_CUDA_VECTOR_BYTES = 16
-_CUDA_MAX_ROW_VECTORS = 4096
 
 # Operands: (x, gamma) or (x, residual, gamma) -- the FFI targets' order.
 # Results: [out] or [out, residual_out]. Param: eps (float).
@@ -84,12 +80,16 @@ def _target(num_operands) -> str:
 
 def _cuda_serves(aval) -> str | None:
     """Why the CUDA kernel cannot serve rows like `aval`'s, or None."""
+    # The kernel loads 16-byte vectors and keeps a row in registers: the
+    # CUDA module says how many vectors a row may have.
+    limits = _native.limits("gpu")
     itemsize = np.dtype(aval.dtype).itemsize
     hidden = aval.shape[-1]
-    vector = _CUDA_VECTOR_BYTES // itemsize
-    if hidden % vector or not 0 < hidden // vector <= _CUDA_MAX_ROW_VECTORS:
+    vector = limits["vector_bytes"] // itemsize
+    longest = limits["rms_norm_max_row_vectors"]
+    if hidden % vector or not 0 < hidden // vector <= longest:
         return (f"hidden size {hidden} is not a multiple of {vector} up to "
-                f"{vector * _CUDA_MAX_ROW_VECTORS} for {aval.dtype}")
+                f"{vector * longest} for {aval.dtype}")
     return None
 
 

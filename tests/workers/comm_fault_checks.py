@@ -22,6 +22,8 @@ ON_GPU = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu") == "gpu"
 # died) must reach every rank well before any deadline; on GPUs a closed or
 # dead peer is noticed only at the kernel's deadline.
 PROMPT_S = 3.0
+# How every failure message of both backends ends (cuda/common/failure_text.h).
+ADVICE = "The communicator is unusable until close() and a new setup()."
 
 
 def me() -> int:
@@ -66,14 +68,15 @@ def attempt(comm, fn):
 
 
 def expect_failure(comm, fn, what, must_name=(), within_s=PROMPT_S, at_least_s=0.0):
-    """fn() (plus comm.check()) must fail with a message naming jax_ar and
-    every string of `must_name`, within `within_s` seconds (and not before
-    `at_least_s`). Returns the message."""
+    """fn() (plus comm.check()) must fail with a message naming jax_ar,
+    ending with what to do (ADVICE), and naming every string of `must_name`,
+    within `within_s` seconds (and not before `at_least_s`). Returns the
+    message."""
     error, took = attempt(comm, fn)
     assert error is not None, f"{what}: returned a result; expected an error"
     text = str(error)
     assert "jax_ar" in text, f"{what}: error does not name jax_ar: {text}"
-    for fragment in must_name:
+    for fragment in (ADVICE, *must_name):
         assert fragment in text, f"{what}: error does not mention {fragment!r}: {text}"
     assert at_least_s <= took <= within_s, \
         f"{what}: error after {took:.2f} s, expected within [{at_least_s}, {within_s}] s: {text}"

@@ -39,8 +39,9 @@ from jax.sharding import PartitionSpec as P
 import jax_ar
 from jax_ar.comm import communicator
 from common import global_array, log, main_guard
-from comm_fault_checks import (ON_GPU, PROMPT_S, check_fresh_results, expect_check_fails,
-                          expect_failure, last_process, me, reducer, sharded, tp_mesh)
+from comm_fault_checks import (ADVICE, ON_GPU, PROMPT_S, check_fresh_results,
+                               expect_check_fails, expect_failure, last_process, me, reducer,
+                               sharded, tp_mesh)
 
 # The deadline of communicators whose timeouts the test waits for; "default"
 # leaves it to JAX_AR_TIMEOUT_S or jax_ar's default.
@@ -75,15 +76,20 @@ def scenario_disagree(mesh):
     _, x4s = sharded(mesh, 4)
     _, x8s = sharded(mesh, 8)
     _, xbs = sharded(mesh, 4, dtype=jnp.bfloat16)
-    # name -> (variant(is_odd) -> (function, args), what the error names on CPU)
+    # name -> (variant(is_odd) -> (function, args), what the error names on
+    # both backends, what it names on CPU too: there the ranks' headers
+    # describe their calls; GPU headers are hashes tagged with the operation)
     cases = {
-        "size": (lambda o: (reducer(mesh), (x8s if o else x4s,)), ("float32[4]", "float32[8]")),
-        "dtype": (lambda o: (reducer(mesh), (xbs if o else x4s,)), ("float32[4]", "bfloat16[4]")),
-        "op": (lambda o: (reducer(mesh, op="max" if o else "sum"), (x4s,)), ("sum", "max")),
+        "size": (lambda o: (reducer(mesh), (x8s if o else x4s,)), ("all_reduce",),
+                 ("float32[4]", "float32[8]")),
+        "dtype": (lambda o: (reducer(mesh), (xbs if o else x4s,)), ("all_reduce",),
+                  ("float32[4]", "bfloat16[4]")),
+        "op": (lambda o: (reducer(mesh, op="max" if o else "sum"), (x4s,)), ("all_reduce",),
+               ("sum", "max")),
         "algorithm": (lambda o: (reducer(mesh, algorithm="twoshot" if o else "oneshot"), (x4s,)),
-                      ("oneshot", "twoshot")),
+                      ("all_reduce",), ("oneshot", "twoshot")),
         "arrays": (lambda o: (reducer(mesh, leaves=2 if o else 1), (x4s, x8s) if o else (x4s,)),
-                   ("2 arrays",)),
+                   ("all_reduce",), ("2 arrays",)),
     }
     comm = setup(mesh)
     big_rows = comm.capacity_bytes("oneshot") // 4 + 1000  # two rounds through the workspace
@@ -91,13 +97,14 @@ def scenario_disagree(mesh):
     cases["multi-round size"] = (
         lambda o: (reducer(mesh, algorithm="oneshot"),
                    (sharded(mesh, big_rows if o else 1000)[1],)),
-        ("float32[1000]",))
+        ("all_reduce",), ("float32[1000]",))
     if hasattr(jax_ar, "all_reduce_rms_norm"):
-        cases["operation"] = (lambda o: _norm_or_reduce(mesh, o), ("all_reduce_rms_norm",))
+        cases["operation"] = (lambda o: _norm_or_reduce(mesh, o), ("all_reduce_rms_norm",), ())
     if hasattr(jax_ar, "reduce_scatter"):
-        cases["reduce_scatter"] = (lambda o: _scatter_or_reduce(mesh, o), ("reduce_scatter",))
+        cases["reduce_scatter"] = (lambda o: _scatter_or_reduce(mesh, o), ("reduce_scatter",), ())
+    mine = f"rank {rank_of(mesh, me())}"
 
-    for seed, (name, (variant, fragments)) in enumerate(cases.items()):
+    for seed, (name, (variant, shared, on_cpu)) in enumerate(cases.items()):
         comm = setup(mesh, timeout_s=30.0)  # errors must come at once, not at this deadline
         good = reducer(mesh)
         jax.block_until_ready(good(x4s))  # a good call first
@@ -109,9 +116,11 @@ def scenario_disagree(mesh):
             compiled[is_odd] = (fn.lower(*args).compile(), args)
         call, args = compiled[odd]
         expect_failure(comm, lambda: call(*args), f"disagree/{name}",
-                       must_name=("disagree",) + (() if ON_GPU else fragments))
-        expect_failure(comm, lambda: good(x4s), f"disagree/{name}: next call")
-        expect_check_fails(comm, f"disagree/{name}")
+                       must_name=("ranks disagree", mine, "call ") + shared +
+                       (() if ON_GPU else on_cpu))
+        expect_failure(comm, lambda: good(x4s), f"disagree/{name}: next call",
+                       must_name=("ranks disagree",))
+        expect_check_fails(comm, f"disagree/{name}", must_name=("ranks disagree", ADVICE))
         comm.close()
         fresh = setup(mesh)
         check_fresh_results(mesh, seed + 100, f"disagree/{name}: after close() + setup()")
@@ -165,7 +174,8 @@ def scenario_skip(mesh):
     on_x, on_y = f.lower(xs).compile(), f.lower(ys).compile()
     jax.block_until_ready(on_x(xs))
     expect_failure(comm, lambda: on_y(ys) if odd else on_x(xs), "skip/then-other-call",
-                   must_name=("disagree",))
+                   must_name=("ranks disagree", f"rank {rank_of(mesh, me())}", f"rank {odd_rank}",
+                              "all_reduce"))
     comm.close()
 
     # (b) odd skips the call and waits: the others time out at the deadline,
@@ -185,13 +195,16 @@ def scenario_skip(mesh):
         kv_wait("skip-close", 0)
         time.sleep(0.3)  # process 0 is about to call: let its call start
         comm.close()
-        if not ON_GPU:  # the host backend reports peers that started a call it never made
+        if not ON_GPU:  # the CPU backend reports peers that started a call it never made
             assert any("skipped" in r for r in records), f"close() did not report it: {records}"
             log(f"skip/close: close() logged: {records[0][:200]}")
     else:
         if me() == 0:
             kv_signal("skip-close")
-        expect_failure(comm, lambda: f(xs), "skip/close", must_name=(f"rank {odd_rank}",),
+        # GPU kernels see a closed peer only at their deadline.
+        expect_failure(comm, lambda: f(xs), "skip/close",
+                       must_name=(f"rank {rank_of(mesh, me())}", f"rank {odd_rank}", "call ",
+                                  "timed out" if ON_GPU else "closed the communicator"),
                        within_s=deadline_c + PROMPT_S)
         comm.close()
 
@@ -206,26 +219,29 @@ def skip_and_wait(mesh, fn, args, operation):
     what = f"skip/wait/{operation}"
     comm = setup(mesh)
     jax.block_until_ready(fn(*args))
+    # Every rank's error says that a rank timed out waiting for odd.
+    told = ("timed out", f"rank {odd_rank}", operation)
     if odd and ON_GPU:  # peers' failures reach a GPU rank through its next launch
         time.sleep(DEADLINE_S + PROMPT_S)
-        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call")
+        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call",
+                       must_name=told)
     elif odd:
         give_up = time.monotonic() + DEADLINE_S + 10
         while time.monotonic() < give_up:
             try:
                 comm.check()
             except jax_ar.JaxArError as e:
-                assert "timed out" in str(e) and f"rank {odd_rank}" in str(e), e
+                assert all(fragment in str(e) for fragment in (*told, ADVICE)), e
                 log(f"{what}: check() reports: {str(e)[:200]}")
                 break
             time.sleep(0.05)
         else:
             raise AssertionError(f"{what}: the peers' failure never reached the skipping rank")
-        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call")
+        expect_failure(comm, lambda: fn(*args), f"{what}: the skipping rank's next call",
+                       must_name=told)
     else:
-        names = (f"rank {rank_of(mesh, me())}", f"rank {odd_rank}", "timed out")
         expect_failure(comm, lambda: fn(*args), what,
-                       must_name=names + (() if ON_GPU else (operation,)),
+                       must_name=told + (f"rank {rank_of(mesh, me())}", "call "),
                        within_s=DEADLINE_S + PROMPT_S, at_least_s=DEADLINE_S * 0.9)
     comm.close()
 
@@ -253,7 +269,8 @@ def scenario_skip_and_end(mesh):
         log("fault-check ok: skip_and_end (ending without the last call)")
         return
     error = expect_failure(comm, lambda: f(xs), "skip_and_end",
-                           must_name=(f"rank {rank_of(mesh, last_process())}",),
+                           must_name=(f"rank {rank_of(mesh, me())}",
+                                      f"rank {rank_of(mesh, last_process())}", "call "),
                            within_s=DEADLINE_S + PROMPT_S if ON_GPU else PROMPT_S)
     stop_like_a_program(error, "skip_and_end")
 
@@ -316,8 +333,10 @@ def scenario_die(mesh):
         log("killing myself")
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)  # the victim is gone before the call
+    # The CPU backend sees the process gone; GPU kernels wait for their deadline.
     error = expect_failure(comm, lambda: f(xs), "die",
-                           must_name=(f"rank {rank_of(mesh, victim)}",),
+                           must_name=(f"rank {rank_of(mesh, me())}", f"rank {rank_of(mesh, victim)}",
+                                      "call ", "timed out" if ON_GPU else "has exited"),
                            within_s=(DEADLINE_S + PROMPT_S) if ON_GPU else PROMPT_S)
     expect_check_fails(comm, "die")
     comm.close()
@@ -357,7 +376,9 @@ def scenario_stuck(mesh):
     if me() == last_process():
         log("sleeping instead of calling")
         time.sleep(600)
-    error = expect_failure(comm, lambda: f(xs), "stuck", must_name=("timed out",),
+    error = expect_failure(comm, lambda: f(xs), "stuck",
+                           must_name=("timed out", f"rank {rank_of(mesh, me())}",
+                                      f"rank {rank_of(mesh, last_process())}", "all_reduce"),
                            within_s=DEADLINE_S + PROMPT_S, at_least_s=DEADLINE_S * 0.9)
     stop_like_a_program(error, "stuck")
 

@@ -20,7 +20,8 @@ from common import (DTYPES, assert_bitwise_equal, assert_equal_nan_aware, emulat
                     same_on_all_processes)
 
 SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
-CONTROL_BYTES = 64 * 1024  # cuda/common/protocol.h
+# How every failure message of both backends ends (cuda/common/failure_text.h).
+ADVICE = "The communicator is unusable until close() and a new setup()."
 
 
 def make_mesh():
@@ -40,17 +41,9 @@ def check_exact(name, out, parts, op="sum"):
 
 
 def gpu_capacities(comm):
-    """Bytes one launch carries on the GPU (cuda/gpu/layout.h LayoutOf and
-    cuda/gpu/all_reduce.cc): a quarter of the data area holds the two LL
-    halves of one-shot launches, whose packets carry 8 data bytes in 16; the
-    rest holds the two halves of two-shot launches."""
-    align = lambda v: v // 16 * 16
-    data = comm.workspace_bytes - CONTROL_BYTES
-    ll_half = align(data // 8)
-    plain_half = align((data - 2 * ll_half) // 2)
-    n = comm.world_size
-    return {"oneshot": align(align(ll_half // n) // 2),
-            "twoshot": align(plain_half // (2 * n)) * n}
+    """Bytes one launch carries on the GPU, as the CUDA module computes them
+    for its handlers (`capacities`: cuda/gpu/capacity.h)."""
+    return {algorithm: comm.capacity_bytes(algorithm) for algorithm in ("oneshot", "twoshot")}
 
 
 def suite_sizes(mesh):
@@ -272,7 +265,9 @@ def suite_timeout(mesh):
             comm.check()
         except jax_ar.JaxArError as e:
             text = str(e)
-            for fragment in ("jax_ar", f"rank {me}", "rank 1"):
+            # Rank 1 is the one every other rank timed out waiting for.
+            for fragment in ("jax_ar", f"rank {me}", "rank 1", "timed out", "all_reduce", "call ",
+                             ADVICE):
                 assert fragment in text, f"{where}: {fragment!r} missing from: {text}"
             log(f"{where}: {text[:200]}")
             return
@@ -280,7 +275,7 @@ def suite_timeout(mesh):
 
     def call_that_fails():
         # GPU kernels give up and record the failure (check() reports it);
-        # the host backend raises from the call itself.
+        # the CPU backend raises from the call itself.
         start = time.perf_counter()
         try:
             f(xs)[0].block_until_ready()
@@ -297,7 +292,8 @@ def suite_timeout(mesh):
         try:
             g(xs)[0].block_until_ready()
         except Exception as e:  # noqa: BLE001 - XLA wraps the handler's error
-            assert "jax_ar" in str(e) and "failed earlier" in str(e), e
+            assert all(fragment in str(e) for fragment in
+                       ("jax_ar", "failed earlier", f"rank {me}", "timed out", ADVICE)), e
         else:
             raise AssertionError("a call on a failed communicator did not raise")
         client.key_value_set(f"test/timeout/{me}", "done")

@@ -5,20 +5,20 @@
 //   out          = norm(float32(residual_out)) * gamma, in x's type, or with
 //                  quantize=1 float8_e4m3fn(saturate(that / scale))
 //
-// The sum is the host all-reduce protocol run on float32 copies of x, so it
+// The sum is the CPU all-reduce protocol run on float32 copies of x, so it
 // is exactly the float32 rank-order sum the CUDA kernel forms (16-bit inputs
 // widen exactly) and is not rounded to x's type before the residual is added.
 #include <string>
 #include <vector>
 
-#include "host/all_reduce.h"
-#include "host/exchange.h"
-#include "host/rms_norm.h"
+#include "common/handler_start.h"
+#include "cpu/exchange.h"
+#include "cpu/rms_norm.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
-constexpr const char* kOp = "all_reduce_rms_norm";
+constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 
 template <typename Traits>
 ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::AnyBuffer& x,
@@ -44,7 +44,7 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
   segment.out = reinterpret_cast<std::byte*>(summed.data());
   segment.bytes = count * sizeof(float);
   segment.dtype = ffi::DataType::F32;
-  Message message({segment}, ReduceOp::kSum, algorithm, state.world, "all_reduce_rms_norm");
+  Message message({segment}, ReduceOp::kSum, algorithm, state.world, kOperation);
   if (auto error = RunAllReduce(state, message); error.failure()) return error;
 
   const auto* rs = static_cast<const Storage*>(residual.untyped_data());
@@ -84,15 +84,12 @@ ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
   size_t rows = 0, hidden = 0;
-  if (auto error = CheckAllReduceRmsNormCall(kOp, algorithm, quantize, x, residual, gamma, *out,
-                                             *residual_out, eps, rows, hidden);
-      error.failure()) {
-    return error;
-  }
-  const ffi::DataType dtype = x.element_type();
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = StartAllReduceRmsNorm<RankState>(comm_id, device_ordinal, algorithm, quantize, x,
+                                                residual, gamma, *out, *residual_out, eps, rows,
+                                                hidden, error);
   if (state == nullptr) return error;
+  const ffi::DataType dtype = x.element_type();
   const float scale_value = quantize ? *scale.typed_data() : 1.0f;
   DispatchNormDtype(dtype, [&](auto traits) {
     error = ReduceAndNormalize<decltype(traits)>(
@@ -118,4 +115,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
                                   .Attr<float>("eps")
                                   .Attr<int32_t>("quantize"));
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 struct ProcessIdentity {
   uint32_t pid = 0;
@@ -20,4 +20,4 @@ ProcessIdentity SelfIdentity();
 // namespace, or unknown identities, count as running.
 bool HasExited(const ProcessIdentity& process);
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -1,9 +1,7 @@
-// Python module of the host backend: FFI registrations plus the calls that
+// Python module of the CPU backend: FFI registrations plus the calls that
 // jax_ar/communicator.py makes at setup and close.
-#include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,30 +10,27 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "common/comm_resources.h"
+#include "common/failure_text.h"
+#include "common/fused_row_fit.h"
+#include "common/module_util.h"
+#include "common/rank_identity.h"
 #include "common/registry.h"
-#include "host/all_reduce.h"
-#include "host/call_order.h"
-#include "host/exchange.h"
-#include "host/process_liveness.h"
-#include "host/rank_state.h"
-#include "host/rms_norm.h"
-#include "host/reduce_scatter_all_gather.h"
+#include "cpu/all_reduce.h"
+#include "cpu/call_order.h"
+#include "cpu/exchange.h"
+#include "cpu/process_liveness.h"
+#include "cpu/rank_state.h"
+#include "cpu/rms_norm.h"
+#include "cpu/reduce_scatter_all_gather.h"
 
 namespace nb = nanobind;
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
-// Workspaces created or opened for a communicator, waiting for its ranks to
-// be registered; the rank states then share ownership.
-std::mutex resources_mutex;
-std::map<uint64_t, std::shared_ptr<CommResources>> resources_by_comm;
-
 std::shared_ptr<CommResources> ResourcesOf(uint64_t comm_id) {
-  std::lock_guard<std::mutex> lock(resources_mutex);
-  auto& entry = resources_by_comm[comm_id];
-  if (!entry) entry = std::make_shared<CommResources>();
-  return entry;
+  return CommResourceTable<CommResources>::Instance().Of(comm_id);
 }
 
 uintptr_t Keep(uint64_t comm_id, SharedMemory shm) {
@@ -46,24 +41,15 @@ uintptr_t Keep(uint64_t comm_id, SharedMemory shm) {
   return address;
 }
 
-template <typename T>
-nb::capsule EncapsulateHandler(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
 }  // namespace
 
-NB_MODULE(_jax_ar_host, m) {
-  m.doc() = "jax_ar host (CPU device) backend";
+NB_MODULE(_jax_ar_cpu, m) {
+  m.doc() = "jax_ar CPU backend";
 
   m.def("registrations", []() {
-    nb::dict targets;
-    targets["jax_ar_all_reduce"] = EncapsulateHandler(kAllReduce);
-    targets["jax_ar_rms_norm"] = EncapsulateHandler(kRmsNorm);
-    targets["jax_ar_add_rms_norm"] = EncapsulateHandler(kAddRmsNorm);
-    targets["jax_ar_all_reduce_rms_norm"] = EncapsulateHandler(kAllReduceRmsNorm);
-    targets["jax_ar_reduce_scatter"] = EncapsulateHandler(kReduceScatter);
-    targets["jax_ar_all_gather"] = EncapsulateHandler(kAllGather);
+    nb::dict targets = Registrations({kAllReduce, kReduceScatter, kAllGather, kRmsNorm,
+                                      kAddRmsNorm, kAllReduceRmsNorm});
+    // XLA:CPU only: keeps jax_ar's calls in program order (call_order.cc).
     targets["jax_ar_order"] = EncapsulateHandler(kCallOrder);
     return targets;
   });
@@ -98,24 +84,10 @@ NB_MODULE(_jax_ar_host, m) {
         [](uint64_t comm_id, int device_ordinal, int rank, int world,
            const std::vector<uintptr_t>& workspaces, size_t workspace_bytes, double timeout_s,
            const std::string& label) {
-          if (world < 1 || world > kMaxRanks || rank < 0 || rank >= world ||
-              static_cast<int>(workspaces.size()) != world) {
-            throw std::invalid_argument("jax_ar: bad rank layout for register_rank");
-          }
-          if (workspace_bytes <= kControlBytes) {
-            throw std::invalid_argument("jax_ar: workspace smaller than its control block");
-          }
           auto state = std::make_shared<RankState>();
-          state->comm_id = comm_id;
-          state->device_ordinal = device_ordinal;
-          state->rank = rank;
-          state->world = world;
-          state->workspace_bytes = workspace_bytes;
-          state->timeout_s = timeout_s;
-          state->label = label;
-          for (int r = 0; r < world; ++r) {
-            state->workspaces[r] = reinterpret_cast<std::byte*>(workspaces[r]);
-          }
+          static_cast<RankIdentity&>(*state) =
+              RegisteredIdentity(comm_id, device_ordinal, rank, world, workspaces,
+                                 workspace_bytes, timeout_s, label);
           state->resources = ResourcesOf(comm_id);
           Registry<RankState>::Instance().Add(comm_id, device_ordinal, std::move(state));
         },
@@ -140,8 +112,7 @@ NB_MODULE(_jax_ar_host, m) {
             // Mappings go with the last reference to the rank states.
             states.clear();
           }
-          std::lock_guard<std::mutex> lock(resources_mutex);
-          resources_by_comm.erase(comm_id);
+          CommResourceTable<CommResources>::Instance().Take(comm_id);
           return diverged;
         },
         nb::arg("comm_id"), nb::arg("linger_s") = 0.0,
@@ -152,26 +123,42 @@ NB_MODULE(_jax_ar_host, m) {
   m.def("failure",
         [](uint64_t comm_id, int device_ordinal) -> std::string {
           auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-          return state ? CommunicatorFailure(*state) : std::string();
+          const std::string core = state ? CommunicatorFailure(*state) : std::string();
+          return core.empty() ? core : Unusable(core);
         },
         nb::arg("comm_id"), nb::arg("device_ordinal"),
         "Why this rank or a peer failed, or '' while the communicator is healthy.");
 
   m.def("capacities",
         [](size_t workspace_bytes, int world) {
+          CheckCapacityArgs(workspace_bytes, world);
           // What the protocol of a rank with this workspace carries per round,
           // from the same functions the handlers use.
           RankState state;
           state.world = world;
           state.workspace_bytes = workspace_bytes;
+          const size_t sender_share = SlotBytes(state, Algorithm::kOneShot);
           nb::dict out;
           out["oneshot"] = RoundCapacity(state, Algorithm::kOneShot);
           out["twoshot"] = RoundCapacity(state, Algorithm::kTwoShot);
-          out["sender_share"] = SlotBytes(state, Algorithm::kOneShot);
+          out["sender_share"] = sender_share;
+          // The CPU handler runs any row (its all-reduce cuts anywhere); it
+          // reports the CUDA handler's rule over its own share, which is what
+          // Python decided the fused path by on CPU, so that CI takes the
+          // paths a GPU would.
+          out["max_fused_row_bytes"] = LongestFittingRow(sender_share, [&](uint64_t row_bytes) {
+            return FusedGroupRows(sender_share, row_bytes, row_bytes) > 0;
+          });
           return out;
         },
         nb::arg("workspace_bytes"), nb::arg("world"),
-        "Bytes one round carries per algorithm, and a sender's share of a data half.");
+        "Bytes one round carries per algorithm (oneshot, twoshot), a sender's share of a data "
+        "half (sender_share), and the longest row all_reduce_rms_norm fuses "
+        "(max_fused_row_bytes).");
+
+  m.def("limits", &CommonLimits,
+        "max_ranks, control_bytes, and the rows the norm kernels take (vector_bytes, "
+        "fused_min_hidden, fused_max_hidden).");
 
   m.def("live_ranks", []() { return Registry<RankState>::Instance().Size(); },
         "Rank states registered in this process (for leak checks).");
@@ -191,4 +178,4 @@ NB_MODULE(_jax_ar_host, m) {
         "True only if that process (from process_identity()) has certainly ended.");
 }
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

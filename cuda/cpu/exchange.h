@@ -1,4 +1,4 @@
-// The host backend's all-reduce protocol, the same one the CUDA kernels run:
+// The CPU backend's all-reduce protocol, the same one the CUDA kernels run:
 //
 //   one-shot  every rank pushes its whole input into its slot of every peer's
 //             workspace, raises its flag there, waits for all flags, and
@@ -26,13 +26,13 @@
 
 #include "common/ffi_util.h"
 #include "common/protocol.h"
-#include "host/rank_state.h"
+#include "cpu/rank_state.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 // XLA:CPU runs its threads with subnormals flushed to zero; jax_ar's results
 // must be exact for every bit pattern, so reductions (and any arithmetic a
@@ -71,9 +71,6 @@ struct Segment {
   size_t packed_offset = 0;
 };
 
-// `operation` names the public call the exchange serves ("all_reduce",
-// "all_reduce_rms_norm", ...); it is part of the signature, so ranks making
-// different calls with equal operands get an error, not each other's data.
 // Bytes of one slot: a sender's share of a data half (one-shot), or of its
 // phase (two-shot).
 size_t SlotBytes(const RankState& state, Algorithm algorithm);
@@ -81,13 +78,17 @@ size_t SlotBytes(const RankState& state, Algorithm algorithm);
 // The largest packed range one round of `algorithm` carries.
 size_t RoundCapacity(const RankState& state, Algorithm algorithm);
 
+// `operation` is the public call the exchange serves; its name is part of
+// the signature, so ranks making different calls with equal operands get an
+// error, not each other's data, and it begins the description.
 struct Message {
   Message(std::vector<Segment> segments, ReduceOp op, Algorithm algorithm, int world,
-          const char* operation = "all_reduce");
+          Operation operation = Operation::kAllReduce);
 
   std::vector<Segment> segments;
   ReduceOp op;
   Algorithm algorithm;
+  Operation operation;
   size_t packed_bytes = 0;
   uint64_t signature = 0;
   std::string description;  // "all_reduce sum oneshot of float32[4]"
@@ -103,8 +104,8 @@ ffi::Error RunAllReduce(RankState& state, const Message& message);
 // the identity of the owning process, which peers use to tell a dead rank.
 void InitControlBlock(std::byte* workspace);
 
-// This rank's failure, else the first failure a peer has published; "" while
-// every rank is healthy.
+// The core of this rank's failure, else of the first failure a peer has
+// published (failure_text.h); "" while every rank is healthy.
 std::string CommunicatorFailure(RankState& state);
 
 // Waits for a call running on this rank to end, then marks the rank closed
@@ -131,4 +132,4 @@ ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHal
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
                                std::vector<Segment>& segments);
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -3,9 +3,9 @@
 
 #include "common/ffi_util.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kReduceScatter);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllGather);
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

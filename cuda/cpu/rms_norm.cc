@@ -1,11 +1,11 @@
 // FFI handlers of jax_ar.rms_norm on CPU devices: jax_ar_rms_norm (x, gamma
 // -> out) and jax_ar_add_rms_norm (x, residual, gamma -> out, residual_out).
-#include "host/rms_norm.h"
+#include "cpu/rms_norm.h"
 
 #include <string>
 #include <vector>
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 namespace {
 
@@ -89,4 +89,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAddRmsNorm, AddRmsNormHandler,
                                   .Ret<ffi::AnyBuffer>()  // residual_out
                                   .Attr<float>("eps"));
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -1,12 +1,12 @@
-// jax_ar_order: the host custom call that keeps jax_ar's calls in program
+// jax_ar_order: the CPU custom call that keeps jax_ar's calls in program
 // order (jax_ar/_call_order.py says why). Its results alias its leading
 // operands; the trailing operand is the previous jax_ar call's result, read
 // only so that XLA:CPU's dataflow executor runs this call after that one.
-#include "host/call_order.h"
+#include "cpu/call_order.h"
 
 #include <cstring>
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
 ffi::Error CallOrderHandler(ffi::RemainingArgs args,   // operands..., previous call's result
@@ -36,4 +36,4 @@ ffi::Error CallOrderHandler(ffi::RemainingArgs args,   // operands..., previous 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCallOrder, CallOrderHandler,
                               ffi::Ffi::Bind().RemainingArgs().RemainingRets());
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -1,23 +1,13 @@
 // FFI handler of jax_ar.all_reduce on CPU devices.
-#include "host/all_reduce.h"
+#include "cpu/all_reduce.h"
 
 #include <string>
 
-#include "common/registry.h"
-#include "host/exchange.h"
+#include "common/handler_start.h"
+#include "cpu/exchange.h"
+#include "cpu/rank_state.h"
 
-namespace jax_ar::host {
-
-std::shared_ptr<RankState> FindRank(uint64_t comm_id, int device_ordinal, ffi::Error& error) {
-  auto state = Registry<RankState>::Instance().Find(comm_id, device_ordinal);
-  if (state == nullptr) {
-    error = InvalidArgument(
-        "no communicator " + std::to_string(comm_id) + " on CPU device " +
-        std::to_string(device_ordinal) +
-        ": it was closed, or this device is not in the mesh given to jax_ar.setup()");
-  }
-  return state;
-}
+namespace jax_ar::cpu {
 
 namespace {
 
@@ -27,13 +17,8 @@ ffi::Error AllReduceHandler(int32_t device_ordinal,
                             int64_t comm_id,          // Communicator.comm_id
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
-    return InvalidArgument("unknown algorithm " + std::to_string(algorithm));
-  }
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm, error);
   if (state == nullptr) return error;
   std::vector<Segment> segments;
   if (auto error = SegmentsFromBuffers(args, rets, segments); error.failure()) return error;
@@ -53,4 +38,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduce, AllReduceHandler,
                                   .Attr<int32_t>("op")
                                   .Attr<int32_t>("algorithm"));
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

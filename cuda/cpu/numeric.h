@@ -1,4 +1,4 @@
-// Element types and reduction operators of the host backend.
+// Element types and reduction operators of the CPU backend.
 //
 // Half-precision values are reduced in float32 and rounded once at the end,
 // in a fixed rank order, exactly as the CUDA kernels do; conversions are
@@ -12,7 +12,7 @@
 
 #include "common/protocol.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 inline float Bf16ToFloat(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
 
@@ -106,4 +106,4 @@ inline Acc Combine(ReduceOp op, Acc a, Acc b) {
   }
 }
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -1,4 +1,4 @@
-#include "host/shm_workspace.h"
+#include "cpu/shm_workspace.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -13,9 +13,9 @@
 #include <stdexcept>
 #include <utility>
 
-#include "host/process_liveness.h"
+#include "cpu/process_liveness.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
 constexpr char kPrefix[] = "jax_ar_";
@@ -130,4 +130,4 @@ void SharedMemory::Unlink() {
   owns_name_ = false;
 }
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

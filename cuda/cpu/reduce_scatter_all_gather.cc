@@ -3,28 +3,21 @@
 // Python hands them arrays in a canonical layout: the reduce-scatter operand
 // is [world, ...] (row j is rank j's share), the all-gather result is
 // [world, ...]. Rows are contiguous, so a chunk is a plain byte range.
-#include "host/reduce_scatter_all_gather.h"
+#include "cpu/reduce_scatter_all_gather.h"
 
 #include <algorithm>
 #include <string>
 
-#include "host/all_reduce.h"
-#include "host/exchange.h"
+#include "common/handler_start.h"
+#include "cpu/exchange.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
-
-ffi::Error CheckDtype(ffi::DataType dtype, const char* what) {
-  if (DtypeBytes(dtype) == 0 || dtype == ffi::DataType::F8E4M3FN) {
-    return InvalidArgument(std::string(what) + " does not support dtype " + DtypeName(dtype));
-  }
-  return ffi::Error::Success();
-}
 
 // The call as the protocol sees it: one array. Its size in the signature
 // (the operand for reduce-scatter, the result for all-gather: the whole
 // message) fixes the chunk size that peers must agree on.
-Message OneArrayMessage(ffi::AnyBuffer in, ffi::AnyBuffer out, int32_t op, const char* operation,
+Message OneArrayMessage(ffi::AnyBuffer in, ffi::AnyBuffer out, int32_t op, Operation operation,
                         const RankState& state) {
   Segment s;
   s.in = static_cast<const std::byte*>(in.untyped_data());
@@ -39,17 +32,10 @@ ffi::Error ReduceScatterHandler(int32_t device_ordinal,
                                 ffi::Result<ffi::AnyBuffer> out,   // [...], this rank's row reduced
                                 int64_t comm_id,                   // Communicator.comm_id
                                 int32_t op) {                      // ReduceOp
-  if (op < 0 || op > static_cast<int32_t>(ReduceOp::kMin)) return InvalidArgument("unknown op");
-  if (auto error = CheckDtype(in.element_type(), "reduce_scatter"); error.failure()) return error;
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = StartReduceScatter<RankState>(comm_id, device_ordinal, in, *out, op, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      out->size_bytes() * static_cast<size_t>(state->world) != in.size_bytes()) {
-    return InvalidArgument("reduce_scatter result must be 1/" + std::to_string(state->world) +
-                           " of its operand, with the same dtype");
-  }
-  return RunChunkCollective(*state, OneArrayMessage(in, *out, op, "reduce_scatter", *state),
+  return RunChunkCollective(*state, OneArrayMessage(in, *out, op, Operation::kReduceScatter, *state),
                             ChunkHalf::kReduceScatter, out->size_bytes());
 }
 
@@ -57,18 +43,12 @@ ffi::Error AllGatherHandler(int32_t device_ordinal,
                             ffi::AnyBuffer in,                 // [...], this rank's chunk
                             ffi::Result<ffi::AnyBuffer> out,   // [world, ...], row j from rank j
                             int64_t comm_id) {                 // Communicator.comm_id
-  // Only bytes move, so any element type will do.
   ffi::Error error = ffi::Error::Success();
-  auto state = FindRank(static_cast<uint64_t>(comm_id), device_ordinal, error);
+  auto state = StartAllGather<RankState>(comm_id, device_ordinal, in, *out, error);
   if (state == nullptr) return error;
-  if (out->element_type() != in.element_type() ||
-      in.size_bytes() * static_cast<size_t>(state->world) != out->size_bytes()) {
-    return InvalidArgument("all_gather result must be " + std::to_string(state->world) +
-                           " times its operand, with the same dtype");
-  }
   return RunChunkCollective(*state,
                             OneArrayMessage(in, *out, static_cast<int32_t>(ReduceOp::kSum),
-                                            "all_gather", *state),
+                                            Operation::kAllGather, *state),
                             ChunkHalf::kAllGather, in.size_bytes());
 }
 
@@ -89,4 +69,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllGather, AllGatherHandler,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("comm_id"));
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

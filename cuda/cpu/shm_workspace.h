@@ -1,4 +1,4 @@
-// Workspaces of the host backend: POSIX shared-memory segments that every
+// Workspaces of the CPU backend: POSIX shared-memory segments that every
 // process of a group maps. The creator unlinks the name once all peers have
 // mapped it (Communicator setup does this after a barrier), so nothing is
 // left in /dev/shm even when a process dies without cleaning up. A process
@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <string>
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 class SharedMemory {
  public:
@@ -40,4 +40,4 @@ class SharedMemory {
   bool owns_name_ = false;
 };
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

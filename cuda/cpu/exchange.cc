@@ -1,4 +1,4 @@
-#include "host/exchange.h"
+#include "cpu/exchange.h"
 
 #include <sched.h>
 #include <time.h>
@@ -10,10 +10,12 @@
 #include <cstring>
 #include <utility>
 
-#include "host/numeric.h"
-#include "host/process_liveness.h"
+#include "common/failure_text.h"
+#include "common/handler_args.h"
+#include "cpu/numeric.h"
+#include "cpu/process_liveness.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 size_t SlotBytes(const RankState& state, Algorithm algorithm) {
   const size_t slots = algorithm == Algorithm::kOneShot ? state.world : 2 * state.world;
@@ -67,31 +69,37 @@ RankHealth HealthOf(const RankState& state, int rank) {
   return static_cast<RankHealth>(LoadAcquire(StatusOf(state, rank).health));
 }
 
-// Records this rank's first failure and publishes it to the peers (the text
-// before the health word, which is stored with release order).
-void RecordFailure(RankState& state, uint64_t epoch, const std::string& text) {
+// Records this rank's first failure (the core of its message,
+// failure_text.h) and publishes it to the peers (the text before the health
+// word, which is stored with release order).
+void RecordFailure(RankState& state, uint64_t epoch, const std::string& core) {
   std::lock_guard<std::mutex> lock(state.failure_mutex);
   if (!state.failure.empty()) return;
-  state.failure = text;
+  state.failure = core;
   RankStatus& status = StatusOf(state, state.rank);
-  std::snprintf(status.failure, sizeof(status.failure), "%s", text.c_str());
+  std::snprintf(status.failure, sizeof(status.failure), "%s", core.c_str());
   status.failed_epoch = epoch;
   StoreRelease(status.health, static_cast<uint32_t>(RankHealth::kFailed));
 }
 
-// "rank P failed: ..." for the first peer that has failed in a call up to
-// `up_to_epoch`, or "".
-std::string FailedPeer(const RankState& state, uint64_t up_to_epoch = UINT64_MAX) {
+// The first peer that has failed in a call up to `up_to_epoch`, with the
+// core of its failure; peer -1 when none has.
+struct PeerFailure {
+  int peer = -1;
+  std::string core;
+};
+PeerFailure FailedPeer(const RankState& state, uint64_t up_to_epoch = UINT64_MAX) {
   for (int peer = 0; peer < state.world; ++peer) {
     if (peer == state.rank || HealthOf(state, peer) != RankHealth::kFailed) continue;
     const RankStatus& status = StatusOf(state, peer);
     if (status.failed_epoch > up_to_epoch) continue;
-    char text[sizeof(status.failure) + 32];
-    std::snprintf(text, sizeof(text), "rank %d failed: %.*s", peer,
-                  static_cast<int>(sizeof(status.failure)), status.failure);
-    return text;
+    return {peer, std::string(status.failure, strnlen(status.failure, sizeof(status.failure)))};
   }
-  return "";
+  return {};
+}
+
+CallSite SiteOf(const RankState& state, const Message& message, uint64_t epoch) {
+  return {message.description, state.label, state.rank, epoch};
 }
 
 ProcessIdentity OwnerOf(const RankState& state, int rank) {
@@ -317,27 +325,12 @@ class Round {
       if (now >= next_check) {
         next_check = now + kPeerCheckInterval;
         if (std::string why = WhySenderWontCome(sender); !why.empty()) {
-          char text[1536];
-          std::snprintf(text, sizeof(text),
-                        "rank %d of %s stopped waiting for rank %d in %s (exchange %llu) because "
-                        "%s. The communicator is unusable until close() and a new setup().",
-                        state_.rank, state_.label.c_str(), sender, message_.description.c_str(),
-                        static_cast<unsigned long long>(epoch_), why.c_str());
-          return Fail(ffi::ErrorCode::kAborted, text);
+          return Fail(ffi::ErrorCode::kAborted, why);
         }
       }
       if (now > deadline) {
-        char text[512];
-        std::snprintf(text, sizeof(text),
-                      "rank %d of %s timed out after %.1f s waiting for rank %d in %s "
-                      "(exchange %llu). Rank %d never reached this call: it may have skipped the "
-                      "call, be stuck, or be slower than the deadline (JAX_AR_TIMEOUT_S, or "
-                      "timeout_s of jax_ar.setup). The communicator is unusable until close() "
-                      "and a new setup().",
-                      state_.rank, state_.label.c_str(), state_.timeout_s, sender,
-                      message_.description.c_str(), static_cast<unsigned long long>(epoch_),
-                      sender);
-        return Fail(ffi::ErrorCode::kDeadlineExceeded, text);
+        return Fail(ffi::ErrorCode::kDeadlineExceeded,
+                    TimeoutText(SiteOf(state_, message_, epoch_), state_.timeout_s, sender));
       }
       backoff.Pause();
     }
@@ -345,40 +338,32 @@ class Round {
       const CallHeader& theirs = box.headers[epoch_ & 1];
       if (theirs.signature != header_.signature || theirs.round != header_.round ||
           theirs.rounds != header_.rounds || theirs.packed_bytes != header_.packed_bytes) {
-        char text[512];
-        std::snprintf(text, sizeof(text),
-                      "ranks disagree on exchange %llu of %s: rank %d made %s, rank %d made %s. "
-                      "Every rank must make the same calls with the same shapes, dtypes, op "
-                      "and algorithm. The communicator is unusable until close() and a new "
-                      "setup().",
-                      static_cast<unsigned long long>(epoch_), state_.label.c_str(),
-                      state_.rank, header_.description, sender, theirs.description);
-        return Fail(ffi::ErrorCode::kFailedPrecondition, text);
+        const std::string their_call(theirs.description,
+                                     strnlen(theirs.description, sizeof(theirs.description)));
+        return Fail(ffi::ErrorCode::kFailedPrecondition,
+                    MismatchText(SiteOf(state_, message_, epoch_), sender, their_call));
       }
     }
     return ffi::Error::Success();
   }
 
-  // Why `sender`, whose data this rank still waits for, will never send it:
-  // any rank has failed, or the sender has closed or its process is gone.
+  // Why `sender`, whose data this rank still waits for, will never send it
+  // (a failure's core): any rank has failed, or the sender has closed or its
+  // process is gone; "" while it may still come.
   std::string WhySenderWontCome(int sender) const {
-    if (std::string failed = FailedPeer(state_); !failed.empty()) return failed;
-    if (HealthOf(state_, sender) == RankHealth::kClosed) {
-      return "rank " + std::to_string(sender) +
-             " closed the communicator (close() or the end of its process) without making "
-             "this call";
+    const CallSite site = SiteOf(state_, message_, epoch_);
+    if (PeerFailure failed = FailedPeer(state_); failed.peer >= 0) {
+      return PeerFailedText(site, failed.peer, failed.core);
     }
+    if (HealthOf(state_, sender) == RankHealth::kClosed) return PeerClosedText(site, sender);
     const ProcessIdentity owner = OwnerOf(state_, sender);
-    if (HasExited(owner)) {
-      return "the process of rank " + std::to_string(sender) + " (pid " +
-             std::to_string(owner.pid) + ") has exited without making this call";
-    }
+    if (HasExited(owner)) return PeerExitedText(site, sender, owner.pid);
     return "";
   }
 
-  ffi::Error Fail(ffi::ErrorCode code, const std::string& text) {
-    RecordFailure(state_, epoch_, text);
-    return ffi::Error(code, "jax_ar: " + text);
+  ffi::Error Fail(ffi::ErrorCode code, const std::string& core) {
+    RecordFailure(state_, epoch_, core);
+    return ffi::Error(code, "jax_ar: " + Unusable(core));
   }
 
   RankState& state_;
@@ -391,14 +376,15 @@ class Round {
 }  // namespace
 
 Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, int world,
-                 const char* operation)
-    : segments(std::move(segs)), op(op_), algorithm(algorithm_) {
+                 Operation operation_)
+    : segments(std::move(segs)), op(op_), algorithm(algorithm_), operation(operation_) {
+  const char* name = OperationName(operation);
   uint64_t hash = kFnvOffset;
-  for (const char* c = operation; *c != '\0'; ++c) hash = HashMix(hash, static_cast<uint8_t>(*c));
+  for (const char* c = name; *c != '\0'; ++c) hash = HashMix(hash, static_cast<uint8_t>(*c));
   hash = HashMix(hash, static_cast<uint64_t>(op));
   hash = HashMix(hash, static_cast<uint64_t>(algorithm));
   hash = HashMix(hash, static_cast<uint64_t>(world));
-  description = std::string(operation) + " " + OpName(op) + " " + AlgorithmName(algorithm) + " of";
+  description = std::string(name) + " " + OpName(op) + " " + AlgorithmName(algorithm) + " of";
   for (Segment& s : segments) {
     s.packed_offset = packed_bytes;
     packed_bytes += AlignUp(s.bytes);
@@ -414,36 +400,32 @@ Message::Message(std::vector<Segment> segs, ReduceOp op_, Algorithm algorithm_, 
 
 namespace {
 
-// What every call does around its rounds: fail at once on a communicator
-// that failed or closed, or whose peer failed (that peer will not take
-// part); one call at a time per rank; subnormals kept; and never a result
-// from a call in which a peer failed (after sending its part, e.g. at its
-// deadline).
+// What every call does around its rounds (a rank that failed earlier never
+// gets here: FindRank refuses it): fail at once on a rank that was closed
+// meanwhile, or whose peer failed (that peer will not take part); one call
+// at a time per rank; subnormals kept; and never a result from a call in
+// which a peer failed (after sending its part, e.g. at its deadline).
 template <typename RunRounds>
 ffi::Error RunCall(RankState& state, const Message& message, RunRounds&& run_rounds) {
-  if (std::string failure = state.Failure(); !failure.empty()) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jax_ar: this communicator failed earlier and cannot be used: " + failure);
-  }
   std::lock_guard<std::mutex> lock(state.call_mutex);
-  const uint64_t calls_before = state.control(state.rank).epoch;
-  auto fail_because_of_peer = [&](const std::string& failed_peer) {
-    const std::string text = "rank " + std::to_string(state.rank) + " of " + state.label +
-                             " cannot complete " + message.description + " because " +
-                             failed_peer;
-    RecordFailure(state, calls_before + 1, text);
-    return ffi::Error(ffi::ErrorCode::kAborted, "jax_ar: " + text);
+  const uint64_t first_epoch = state.control(state.rank).epoch + 1;
+  auto fail_because_of_peer = [&](const PeerFailure& failed) {
+    const std::string core =
+        PeerFailedText(SiteOf(state, message, first_epoch), failed.peer, failed.core);
+    RecordFailure(state, first_epoch, core);
+    return ffi::Error(ffi::ErrorCode::kAborted, "jax_ar: " + Unusable(core));
   };
   if (HealthOf(state, state.rank) == RankHealth::kClosed) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jax_ar: " + message.description + " on a closed communicator of " +
-                          state.label);
+                      "jax_ar: " + ClosedText(SiteOf(state, message, first_epoch)) + ".");
   }
-  if (std::string failed = FailedPeer(state); !failed.empty()) return fail_because_of_peer(failed);
+  if (PeerFailure failed = FailedPeer(state); failed.peer >= 0) {
+    return fail_because_of_peer(failed);
+  }
   KeepSubnormals keep_subnormals;
   if (ffi::Error error = run_rounds(); error.failure()) return error;
   const uint64_t last = state.control(state.rank).epoch;
-  if (std::string failed = FailedPeer(state, last); !failed.empty()) {
+  if (PeerFailure failed = FailedPeer(state, last); failed.peer >= 0) {
     return fail_because_of_peer(failed);
   }
   return ffi::Error::Success();
@@ -482,9 +464,9 @@ void InitControlBlock(std::byte* workspace) {
 
 std::string CommunicatorFailure(RankState& state) {
   if (std::string own = state.Failure(); !own.empty()) return own;
-  std::string failed = FailedPeer(state);
-  return failed.empty() ? failed : "rank " + std::to_string(state.rank) + " of " + state.label +
-                                       " is unusable because " + failed;
+  const PeerFailure failed = FailedPeer(state);
+  return failed.peer < 0 ? ""
+                         : PeerFailedEarlierText(state.rank, state.label, failed.peer, failed.core);
 }
 
 void MarkClosed(RankState& state) {
@@ -517,12 +499,7 @@ std::vector<std::string> CallsNeverMade(RankState& state, double linger_s) {
     if (peer == state.rank) continue;
     const uint64_t theirs = LoadAcquire(state.control(peer).epoch);
     if (theirs <= mine) continue;
-    diverged.push_back("rank " + std::to_string(state.rank) + " of " + state.label +
-                       " closed after " + std::to_string(mine) + " exchanges, but rank " +
-                       std::to_string(peer) + " started exchange " + std::to_string(theirs) +
-                       ": the ranks made different calls (this rank skipped one, or rank " +
-                       std::to_string(peer) + " made an extra one), and that exchange of rank " +
-                       std::to_string(peer) + " failed");
+    diverged.push_back(ClosedBeforePeerText(state.rank, state.label, mine, peer, theirs));
   }
   return diverged;
 }
@@ -552,33 +529,17 @@ ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHal
 
 ffi::Error SegmentsFromBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
                                std::vector<Segment>& segments) {
-  if (args.size() != rets.size()) {
-    return InvalidArgument("all_reduce got " + std::to_string(args.size()) + " operands but " +
-                           std::to_string(rets.size()) + " results");
-  }
   segments.clear();
   segments.reserve(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (in.has_error()) return in.error();
-    if (out.has_error()) return out.error();
-    const ffi::DataType dtype = in->element_type();
-    if (DtypeBytes(dtype) == 0 || dtype == ffi::DataType::F8E4M3FN) {
-      return InvalidArgument(std::string("all_reduce does not support dtype ") + DtypeName(dtype));
-    }
-    if ((*out)->element_type() != dtype || (*out)->size_bytes() != in->size_bytes()) {
-      return InvalidArgument("all_reduce result " + std::to_string(i) +
-                             " does not match its operand");
-    }
+  return ForEachAllReduceOperand(args, rets, [&](ffi::AnyBuffer in, ffi::AnyBuffer out) {
     Segment s;
-    s.in = static_cast<const std::byte*>(in->untyped_data());
-    s.out = static_cast<std::byte*>((*out)->untyped_data());
-    s.bytes = in->size_bytes();
-    s.dtype = dtype;
+    s.in = static_cast<const std::byte*>(in.untyped_data());
+    s.out = static_cast<std::byte*>(out.untyped_data());
+    s.bytes = in.size_bytes();
+    s.dtype = in.element_type();
     segments.push_back(s);
-  }
-  return ffi::Error::Success();
+    return ffi::Error::Success();
+  });
 }
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -3,8 +3,8 @@
 
 #include "common/ffi_util.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kCallOrder);
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

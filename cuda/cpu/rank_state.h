@@ -2,7 +2,6 @@
 // mapped in this process, and what the workspace control block holds.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -12,9 +11,10 @@
 #include <vector>
 
 #include "common/protocol.h"
-#include "host/shm_workspace.h"
+#include "common/rank_identity.h"
+#include "cpu/shm_workspace.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
 // What a sender says about the call its data belongs to; receivers compare it
 // with their own call so that ranks that disagree get an error, not a result.
@@ -65,21 +65,16 @@ struct CommResources {
   std::mutex mutex;
 };
 
-struct RankState {
-  uint64_t comm_id = 0;
-  int device_ordinal = 0;
-  int rank = 0;
-  int world = 0;
-  size_t workspace_bytes = 0;
-  double timeout_s = 0;
-  std::string label;  // "axis 'tp'", for messages
-  std::array<std::byte*, kMaxRanks> workspaces{};  // indexed by rank; [rank] is our own
+struct RankState : RankIdentity {
+  static constexpr const char* kDeviceKind = "CPU";
+
   std::shared_ptr<CommResources> resources;
 
   // A device runs one call of a communicator at a time.
   std::mutex call_mutex;
 
-  // Set by the first failed call; every later call fails at once with it.
+  // Set by the first failed call (the core of its message, failure_text.h);
+  // every later call fails at once with it.
   std::mutex failure_mutex;
   std::string failure;
 
@@ -99,4 +94,4 @@ struct RankState {
   }
 };
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -1,4 +1,4 @@
-// RMSNorm on the host backend: the row arithmetic shared by rms_norm's FFI
+// RMSNorm on the CPU backend: the row arithmetic shared by rms_norm's FFI
 // handlers (rms_norm.cc) and the fused all-reduce + residual + RMSNorm
 // handler (all_reduce_rms_norm.cc), and the handlers' symbols.
 //
@@ -15,19 +15,20 @@
 #include <cstdint>
 
 #include "common/ffi_util.h"
+#include "common/inverse_rms.h"
 #include "common/rms_norm_args.h"
-#include "host/numeric.h"
+#include "cpu/numeric.h"
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 
-// 1 / sqrt(mean(v * v) + eps). The sum is accumulated in double, so the host
-// result is at least as accurate as the GPU's float32 tree; the tests'
-// tolerances cover both.
+// 1 / sqrt(mean(v * v) + eps): squares summed in double in element order,
+// then the formula every backend shares (common/inverse_rms.h). The GPU sums
+// the same exact squares in another order, so the two agree but for the
+// last bits of the double sum.
 inline float InverseRms(const float* v, size_t hidden, float eps) {
   double sum = 0;
   for (size_t i = 0; i < hidden; ++i) sum += static_cast<double>(v[i]) * v[i];
-  const double mean = sum / static_cast<double>(hidden);
-  return static_cast<float>(1.0 / std::sqrt(mean + static_cast<double>(eps)));
+  return InverseRmsOfSumOfSquares(sum, hidden, eps);
 }
 
 // float32 -> float8_e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa
@@ -77,4 +78,4 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kRmsNorm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAddRmsNorm);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kAllReduceRmsNorm);
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

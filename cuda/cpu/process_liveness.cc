@@ -1,4 +1,4 @@
-#include "host/process_liveness.h"
+#include "cpu/process_liveness.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-namespace jax_ar::host {
+namespace jax_ar::cpu {
 namespace {
 
 uint64_t PidNamespace() {
@@ -69,4 +69,4 @@ bool HasExited(const ProcessIdentity& process) {
   return state == 'Z' || state == 'X' || ticks != process.start_ticks;
 }
 
-}  // namespace jax_ar::host
+}  // namespace jax_ar::cpu

@@ -1,0 +1,62 @@
+// The inverse RMS of a row, as both CUDA norm kernels (rms_norm.cu and
+// all_reduce_rms_norm_kernels.cu) compute it: each thread adds the squares of
+// its lanes in double, the threads of the row sum their partial sums (warp
+// shuffles, then shared memory for rows wider than a warp), and the CPU's
+// formula (common/inverse_rms.h) turns the sum into 1 / sqrt(mean + eps).
+#pragma once
+
+#include <cstdint>
+
+#include "common/inverse_rms.h"
+
+namespace jax_ar::gpu {
+
+/// sum += v[j] * v[j] for the kLanes lanes, in double: float32 squares are
+/// exact in double, so this adds what the CPU adds.
+template <int kLanes>
+__device__ __forceinline__ void AddSquares(const float* v, double& sum) {
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) {
+    const double x = static_cast<double>(v[j]);
+    sum = __fma_rn(x, x, sum);
+  }
+}
+
+/// Sum of `value` over the threads_per_row threads (a power of two) of one
+/// row. `lane` is this thread's place in the row's group, `row` the group's
+/// place among the rows its block works on at once. Groups wider than a warp
+/// (whole warps then) meet in `partials`, threads_per_row / 32 slots per row
+/// of the block: every thread of the block must call this together. With
+/// kPartialsReused it ends with a barrier, so that a next call of the same
+/// threads may write `partials` again.
+template <bool kPartialsReused, typename T>
+__device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int row, T* partials) {
+  const int width = threads_per_row < 32 ? threads_per_row : 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  if (threads_per_row <= 32) return value;
+  const int warps = threads_per_row / 32;
+  T* row_partials = partials + row * warps;
+  if (lane % 32 == 0) row_partials[lane / 32] = value;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < warps; ++w) total += row_partials[w];
+  if constexpr (kPartialsReused) __syncthreads();
+  return total;
+}
+
+/// 1 / sqrt(mean(v * v) + eps) of a row of `hidden` elements, from this
+/// thread's `sum_of_squares` (AddSquares) and those of the row's other
+/// threads; arguments and contract as RowSum's.
+template <bool kPartialsReused>
+__device__ __forceinline__ float RowInverseRms(double sum_of_squares, int hidden, float eps,
+                                               int threads_per_row, int lane, int row,
+                                               double* partials) {
+  const double total =
+      RowSum<kPartialsReused>(sum_of_squares, threads_per_row, lane, row, partials);
+  return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), eps);
+}
+
+}  // namespace jax_ar::gpu

@@ -1,0 +1,53 @@
+// How the CUDA norm kernels (jax_ar.rms_norm's and the fused
+// all_reduce_rms_norm's) spread a row over threads: a power-of-two group of
+// threads per row, each holding up to kMaxVectorsPerThread 16-byte vectors of
+// it, and at least kMinBlockThreads threads per block (several rows per
+// block when rows are short). The plan depends on the row length alone, so a
+// row's result never depends on how many rows a call has, and every rank of
+// the fused kernel plans alike. Plain C++: host code of both kernels reads it.
+#pragma once
+
+#include <algorithm>
+
+#include "common/norm_limits.h"
+
+namespace jax_ar::gpu {
+
+inline constexpr int kMaxVectorsPerThread = 4;  // the kernels are instantiated for 1..4
+inline constexpr int kMaxThreadsPerRow = 1024;
+inline constexpr int kMinBlockThreads = 256;
+/// The longest row (in 16-byte vectors) a plan holds.
+inline constexpr int kMaxRowVectors = kMaxThreadsPerRow * kMaxVectorsPerThread;
+static_assert(kFusedMaxHidden * sizeof(float) / kNormVectorBytes <= kMaxRowVectors,
+              "the fused kernel's longest float32 row must fit a row plan");
+
+// The two kernels want different loads per thread before a row's group
+// widens, so they plan with different `vectors_per_thread_wanted`:
+//   kFusedVectorsPerThread    the fused kernel also holds partial sums over
+//                             ranks and LL packets: registers are its limit
+//                             (docs/gpu.md);
+//   kRmsNormVectorsPerThread  rms_norm.cu loads gamma beside the row, and
+//                             two vectors per thread keep enough bytes in
+//                             flight (measured, docs/rms_norm.md).
+inline constexpr int kFusedVectorsPerThread = 1;
+inline constexpr int kRmsNormVectorsPerThread = 2;
+
+struct RowPlan {
+  int threads_per_row;     // power of two, at most kMaxThreadsPerRow
+  int vectors_per_thread;  // 1..kMaxVectorsPerThread for rows up to kMaxRowVectors
+  int rows_per_block;      // rows a block works on at once
+
+  constexpr int block_threads() const { return threads_per_row * rows_per_block; }
+};
+
+/// Widens the group until each thread holds at most
+/// `vectors_per_thread_wanted` vectors or the group has kMaxThreadsPerRow.
+inline constexpr RowPlan PlanRow(int row_vectors, int vectors_per_thread_wanted) {
+  int threads = 1;
+  while (threads * vectors_per_thread_wanted < row_vectors && threads < kMaxThreadsPerRow) {
+    threads *= 2;
+  }
+  return {threads, (row_vectors + threads - 1) / threads, std::max(1, kMinBlockThreads / threads)};
+}
+
+}  // namespace jax_ar::gpu
