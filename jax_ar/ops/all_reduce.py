@@ -15,14 +15,17 @@ from jax.interpreters import ad, batching
 
 from .. import _compat, selection
 from .._native import ALGORITHM_CODES, OP_CODES
+from . import _call_order
 from ._axes import as_varying
 from ._primitive import collective_primitive, fallback_reason, log_fallback
 
-__all__ = ["LAX_REDUCTIONS", "all_reduce_p", "empty_result", "lax_reduce", "reduce_leaves"]
+__all__ = ["LAX_NAMES", "LAX_REDUCTIONS", "all_reduce_p", "empty_result", "lax_reduce",
+           "reduce_leaves"]
 
 # The lax collectives jax_ar's ops stand in for (and fall back to), by op name.
 LAX_REDUCTIONS = {"sum": jax.lax.psum, "avg": jax.lax.pmean, "max": jax.lax.pmax,
                   "min": jax.lax.pmin}
+LAX_NAMES = {op: f"jax.lax.{fn.__name__}" for op, fn in LAX_REDUCTIONS.items()}
 
 
 def lax_reduce(x, axes, op):
@@ -40,8 +43,26 @@ def _ffi_attributes(*, op, algorithm, comm_id, **_):
                 algorithm=np.int32(ALGORITHM_CODES[algorithm]))
 
 
+def _aliases(ctx, **_):
+    """Each result may reuse its operand's buffer (a donated input costs no
+    second buffer; XLA copies an operand that is still needed elsewhere).
+
+    CPU: every protocol round copies its whole range of the inputs into the
+    workspaces (the peers' slots, or one's own) before it writes any output,
+    and later rounds read only later ranges, so out == in is safe. GPU: not
+    aliased. The kernels would read each input vector once, in the thread
+    that writes the same output vector afterwards, but they read inputs with
+    ld.global.nc (LoadInput16, cuda/gpu/ptx.cuh), whose contract is that the
+    buffer is not written while the kernel runs; with out == in it is.
+    Aliasing there needs the handler to load aliased segments coherently."""
+    if not _call_order.on_cpu(ctx):
+        return None
+    return {i: i for i in range(len(ctx.avals_in))}
+
+
 all_reduce_p = collective_primitive("jax_ar_all_reduce", "all_reduce", _abstract_eval,
-                                    _ffi_attributes, multiple_results=True)
+                                    _ffi_attributes, axis_of=lambda params: params["axes"][0],
+                                    multiple_results=True, aliases_of=_aliases)
 
 
 def _jvp(primals, tangents, **params):
