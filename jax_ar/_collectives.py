@@ -49,7 +49,7 @@ def all_reduce(x, axis_name, op="sum", algorithm="auto", *, axis_index_groups=No
         return x  # jax.lax: a reduction over no axis is the identity
     kinds = classify_axes(axes, what)
     lax_name = LAX_NAMES[op]
-    reason = _lax_only(kinds, axis_index_groups)
+    reason = _lax_only(kinds, axis_index_groups, what)
     if reason is not None:
         log_lax(what, axes, lax_name, reason)
         if kinds.positional or not _compat.check_vma_enabled():
@@ -84,7 +84,7 @@ def reduce_scatter(x, axis_name, scatter_dimension=0, tiled=False, *, axis_index
         return x
     kinds = classify_axes(axes, what)
     tiled = bool(tiled)
-    reason = _lax_only(kinds, axis_index_groups)
+    reason = _lax_only(kinds, axis_index_groups, what)
     if reason is None:
         axis_index_groups = None  # one group of the whole axis: the same call without
     lax_call = lambda leaf, d: jax.lax.psum_scatter(
@@ -138,7 +138,7 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
         return x
     kinds = classify_axes(names, what)
     tiled = bool(tiled)
-    reason = _lax_only(kinds, axis_index_groups)
+    reason = _lax_only(kinds, axis_index_groups, what)
     if reason is None:
         axis_index_groups = None
     lax_call = lambda leaf, d: jax.lax.all_gather(
@@ -194,11 +194,11 @@ def _record(result, chain):
     return result
 
 
-def _lax_only(kinds, axis_index_groups) -> str | None:
+def _lax_only(kinds, axis_index_groups, what) -> str | None:
     """Why a call can only be jax.lax's (forms jax_ar's kernels do not take),
     or None."""
     if kinds.positional:
         return f"positional axes {kinds.positional}"
-    if not trivial_index_groups(axis_index_groups, kinds.names):
+    if not trivial_index_groups(axis_index_groups, kinds.names, what):
         return "axis_index_groups (groups within the axis)"
     return None

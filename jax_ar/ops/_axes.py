@@ -94,16 +94,22 @@ def classify_axes(axes: tuple, what: str) -> Axes:
     return Axes(tuple(axes), *(tuple(kinds[k]) for k in ("mesh", "single", "vmap", "positional")))
 
 
-def trivial_index_groups(axis_index_groups, axes: tuple) -> bool:
+def trivial_index_groups(axis_index_groups, axes: tuple, what: str) -> bool:
     """Whether `axis_index_groups` is None or one group of every index of
-    the axes in order (jax.lax then does what it does without groups)."""
+    the axes in order (jax.lax then does what it does without groups).
+    ValueError naming `what` unless the groups cover the indices of the
+    axes exactly once (jax.lax checks less, and XLA then fails to compile)."""
     if axis_index_groups is None:
         return True
+    total = math.prod(axis_size(a) for a in axes if not isinstance(a, (int, np.integer)))
     try:
-        groups = [list(map(int, g)) for g in axis_index_groups]
-        total = math.prod(axis_size(a) for a in axes)
-    except (TypeError, ValueError, NameError):
-        return False
+        groups = [[int(i) for i in g] for g in axis_index_groups]
+    except TypeError:
+        raise TypeError(f"{what}: axis_index_groups must be a list of lists of axis indices, "
+                        f"got {axis_index_groups!r}") from None
+    if sorted(i for g in groups for i in g) != list(range(total)):
+        raise ValueError(f"{what}: axis_index_groups must cover the indices 0..{total - 1} of "
+                         f"axis_name exactly once, got {axis_index_groups!r}")
     return groups == [list(range(total))]
 
 

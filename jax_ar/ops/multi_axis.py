@@ -245,6 +245,9 @@ def all_reduce_over(leaves, axes: Axes, op, algorithm, what) -> list:
             leaf = jnp.asarray(leaf)
         if leaf.dtype == np.bool_ and op in ("sum", "avg"):
             leaf = leaf.astype(jnp.int32)  # as jax.lax.psum
+        if op in ("max", "min") and jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+            raise TypeError(f"{what}: op={op!r} of {leaf.dtype}: complex numbers have no order "
+                            f"(jax.lax.p{op} traces it, then XLA fails to compile it)")
         if np.dtype(leaf.dtype) not in REDUCE_DTYPES:
             log_lax(what, axes.names, lax_name, f"jax_ar's kernels do not reduce {leaf.dtype}")
             out[i] = call_lax(what, lax_name, lax_reduce, leaf, axes.names, op)
@@ -262,16 +265,14 @@ def _reduce_arrays(values, axes: Axes, op, algorithm, what) -> list:
         if axes.single:
             values = call_lax(what, lax_name, _lax_each, values, axes.single, op)
         if axes.vmap:
-            with _compat.without_vma_checks():
-                values = call_lax(what, lax_name, _lax_each, values, axes.vmap, op)
+            values = over_vmap_axes(what, lax_name, _lax_each, values, axes.vmap, op)
         return values
     # An average over vmap axes too is a sum over all, divided once at the
     # end; size-1 axes change no value, so their op stays as it is.
     inner_op = "sum" if op == "avg" else op
     mesh_op = inner_op if axes.vmap else op
     if axes.vmap:
-        with _compat.without_vma_checks():
-            values = call_lax(what, lax_name, _lax_each, values, axes.vmap, inner_op)
+        values = over_vmap_axes(what, lax_name, _lax_each, values, axes.vmap, inner_op)
     if axes.single:
         values = call_lax(what, lax_name, _lax_each, values, axes.single, inner_op)
     if len(axes.mesh) > 1:
@@ -285,6 +286,24 @@ def _reduce_arrays(values, axes: Axes, op, algorithm, what) -> list:
     if op == "avg" and axes.vmap:
         values = [_divide(v, axes.size) for v in values]
     return values
+
+
+def over_vmap_axes(what, lax_name, fn, values, *args):
+    """fn(values, *args): jax.lax collectives over vmap axes only, which
+    vmap turns into local arithmetic. They run without the varying-axes
+    checks (jax.lax's own check_vma path rejects vmap axis names, and
+    without it jax.lax's results lose their varying mesh axes): each result
+    is given back the mesh axes its input varies over, which local
+    arithmetic does not change."""
+    varying = [_compat.varying_axes(jax.typeof(v)) for v in jax.tree_util.tree_leaves(values)]
+    with _compat.without_vma_checks():
+        out = call_lax(what, lax_name, fn, values, *args)
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    restored = []
+    for leaf, axes in zip(leaves, varying):
+        missing = tuple(sorted(axes - _compat.varying_axes(jax.typeof(leaf)), key=str))
+        restored.append(_compat.pcast_to_varying(leaf, missing) if missing else leaf)
+    return jax.tree_util.tree_unflatten(treedef, restored)
 
 
 def _lax_each(values, axes, op):
@@ -338,6 +357,9 @@ def reduce_scatter_over(leaf, axes: Axes, dimension, tiled, what, lax_call):
     """jax.lax.psum_scatter(leaf, axes.names, scatter_dimension=dimension,
     tiled=tiled) of one checked leaf (dimension >= 0); `lax_call(leaf)`
     is that lax call itself, for when no communicator can serve."""
+    if leaf.dtype == np.bool_:  # jax.lax traces it, then fails to lower it
+        raise TypeError(f"{what}: cannot sum bool (neither can jax.lax.psum_scatter, whose "
+                        "lowering rejects it); cast the operand to int32 first")
     if np.dtype(leaf.dtype) not in REDUCE_DTYPES:
         log_lax(what, axes.names, "jax.lax.psum_scatter",
                 f"jax_ar's kernels do not reduce {leaf.dtype}")
@@ -370,8 +392,7 @@ def _scatter_step(x, axis, d, where, comm, what):
         return reduce_scatter_leaf(x, axis, d, False, comm)
     fn = lambda v: jax.lax.psum_scatter(v, axis, scatter_dimension=d, tiled=False)
     if where == _LOCAL_VMAP:
-        with _compat.without_vma_checks():
-            return call_lax(what, "jax.lax.psum_scatter", fn, x)
+        return over_vmap_axes(what, "jax.lax.psum_scatter", fn, x)
     return call_lax(what, "jax.lax.psum_scatter", fn, x)
 
 
@@ -414,7 +435,6 @@ def _gather_step(x, axis, d, where, comm, to, what):
         return all_gather_leaf(x, axis, d, False, to, comm)
     if where == _LOCAL_VMAP:  # vmap axes have no varying type to change
         fn = lambda v: jax.lax.all_gather(v, axis, axis=d, tiled=False)
-        with _compat.without_vma_checks():
-            return call_lax(what, "jax.lax.all_gather", fn, x)
+        return over_vmap_axes(what, "jax.lax.all_gather", fn, x)
     fn = lambda v: jax.lax.all_gather(v, axis, axis=d, tiled=False, to=to)
     return call_lax(what, "jax.lax.all_gather", fn, x)
