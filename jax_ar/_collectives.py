@@ -184,7 +184,8 @@ def _in_turn(leaf, kinds, chain):
     spans several mesh axes: its steps mix jax_ar's calls with XLA's
     collectives, which XLA:CPU would otherwise interleave differently on
     each host (as multi_axis.py orders all_reduce's groups)."""
-    if len(kinds.mesh) > 1 and chain:
+    # (Devices unknown while tracing: every step is XLA's, nothing to order.)
+    if len(kinds.mesh) > 1 and chain and _compat.shard_map_mesh() is not None:
         (leaf,) = _call_order.after([leaf], chain[-1])
     return leaf
 
