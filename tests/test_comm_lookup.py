@@ -1,7 +1,8 @@
 """Communicator lookup by devices: several communicators of one axis name in
 one program (two device orders of a mesh, disjoint sub-meshes), a mesh never
 set up, a mesh of another shape with the same groups, a jaxpr reused for
-another device order, eager shard_map, jax.set_mesh, an AbstractMesh.
+another device order, eager shard_map, jax.set_mesh, a nested shard_map,
+an AbstractMesh.
 
 Each configuration launches workers/comm_lookup.py once; each suite is a
 test id.

@@ -8,8 +8,8 @@ error at trace time, naming the function, the axis and the devices); a
 mesh of another shape with the same groups; a larger communicator serving
 a sub-mesh of one of its groups; a jitted function reused in shard_maps
 over two device orders (checked again when lowered); eager shard_map and
-jax.set_mesh; a shard_map over an AbstractMesh (jax.lax, logged); close()
-of one of two. Results are compared bit for bit with numpy references of
+jax.set_mesh; a shard_map nested in another (given the AbstractMesh); a
+shard_map over an AbstractMesh (jax.lax, logged); close() of one of two. Results are compared bit for bit with numpy references of
 the mesh's rank order (exact data: every summation order agrees).
 """
 import logging
@@ -251,6 +251,43 @@ def suite_eager_and_set_mesh():
     for c in comms:
         c.close()
     log("eager_and_set_mesh: ok")
+
+
+def suite_nested_shard_map():
+    """A shard_map over "y" inside one over "x" (the inner one given no
+    mesh: jax passes it the AbstractMesh), for two device orders of the
+    (2, n/2) mesh: the inner calls find the outer mesh's devices."""
+    devices = jax.devices()
+    n = len(devices)
+    rng = np.random.default_rng(SEED + 7)
+    for order in (devices, devices[::-1]):
+        grid = mesh_of(order, ("x", "y"), (2, n // 2))
+        comm = jax_ar.setup(grid, "y")
+        x = random_values(rng, (4, n), np.float32)
+
+        def inner(u):
+            return (jax_ar.all_reduce(u, "y"),
+                    jax_ar.all_gather(u, "y", axis=1, tiled=True, to="invarying"))
+
+        def outer(v):
+            return jax.shard_map(inner, in_specs=P(None, "y"), out_specs=(P(), P()),
+                                 axis_names={"y"})(v)
+
+        program = jax.jit(jax.shard_map(outer, mesh=grid, in_specs=P("x"),
+                                        out_specs=(P("x"), P("x")), axis_names={"x"}))
+        xs = global_array(x, grid, P("x", "y"))
+        text = program.lower(xs).as_text()  # jax_ar's kernels, not a jax.lax fallback
+        assert {"jax_ar_all_reduce", "jax_ar_all_gather"} <= set(
+            re.findall(r"@(jax_ar_\w+)", text)), text[:2000]
+        summed, gathered = program(xs)
+        halves = np.split(x, 2)  # rows of x-index 0 and 1
+        want_sum = np.concatenate([np.sum(np.split(h, n // 2, axis=1), axis=0) for h in halves])
+        for s in summed.addressable_shards:
+            assert_bitwise_equal(np.asarray(s.data), want_sum[s.index], f"nested sum {ids(grid)}")
+        for s in gathered.addressable_shards:
+            assert_bitwise_equal(np.asarray(s.data), x[s.index], f"nested gather {ids(grid)}")
+        comm.close()
+    log("nested_shard_map: ok")
 
 
 class _Records(logging.Handler):
