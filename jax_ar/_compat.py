@@ -1,22 +1,29 @@
 """Every use of JAX internals in jax_ar, in one place.
 
-jax_ar supports jax 0.10.x and 0.11.x. Public APIs are used wherever they
+jax_ar supports jax 0.10 to 0.12. Public APIs are used wherever they
 exist; what they do not offer (rewriting the varying-axes part of an abstract
-value, reading whether check_vma is on, the jax.distributed client) is
-reached here and nowhere else, with the alternatives older releases spell
-differently.
+value, reading whether check_vma is on, the jax.distributed client, the
+devices of the shard_map being traced or lowered) is reached here and
+nowhere else, with the alternatives older releases spell differently.
 """
 from __future__ import annotations
+
+import contextlib
+import sys
 
 import jax
 
 __all__ = [
     "check_vma_enabled",
     "distributed_client",
+    "lowering_mesh",
     "pcast_to_varying",
     "requires_devices_during_lowering",
+    "shard_map_mesh",
+    "unreduced_axes",
     "varying_axes",
     "with_varying_axes",
+    "without_vma_checks",
 ]
 
 
@@ -38,6 +45,15 @@ def with_varying_axes(aval, axes: frozenset):
     if hasattr(aval, "vma"):
         return aval.update(vma=frozenset(axes))
     return aval
+
+
+def unreduced_axes(aval) -> frozenset:
+    """Mesh axes over which `aval` is unreduced or reduced (jax >= 0.10's
+    manual axis types beyond varying); empty where jax has no such types."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is None:
+        return frozenset()
+    return frozenset(getattr(mat, "unreduced", ())) | frozenset(getattr(mat, "reduced", ()))
 
 
 def check_vma_enabled() -> bool:
@@ -68,3 +84,76 @@ def requires_devices_during_lowering(primitive) -> None:
     from jax._src import dispatch
 
     dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def without_vma_checks():
+    """A context in which jax.lax collectives skip the varying-axes checks.
+    For collectives over vmap axes only: vmap batches them into local
+    reductions, which leave the varying mesh axes as they are, while
+    jax.lax.psum's check_vma path (pvary) rejects vmap axis names."""
+    from jax._src import config
+
+    flag = getattr(config, "_check_vma", None)
+    return flag(False) if flag is not None else contextlib.nullcontext()
+
+
+def _shard_map_file():
+    from jax._src import shard_map
+
+    return shard_map.__file__
+
+
+def shard_map_mesh():
+    """The concrete jax.sharding.Mesh of the innermost jax.shard_map whose
+    body is being traced, or None when only its AbstractMesh is known.
+
+    jax traces a shard_map body against the AbstractMesh alone (that is
+    what jax.sharding.get_abstract_mesh() returns there); the devices are in
+    the shard_map's `mesh` parameter. Where to find it, innermost first:
+    the eager shard_map's trace (ShardMapTrace.mesh); the frames of jax's
+    shard_map module that trace the body (jit staging, JVP, transpose and
+    eager runs take the mesh as their parameter `mesh`, jax 0.10 to 0.12);
+    the mesh of jax.set_mesh (for a shard_map given an AbstractMesh). A
+    candidate counts only if its axis names and sizes are those of the
+    abstract mesh being traced against."""
+    from jax._src import core
+
+    abstract = jax.sharding.get_abstract_mesh()
+    if abstract is None or getattr(abstract, "empty", True):
+        return None
+    want = (tuple(abstract.axis_names), tuple(abstract.axis_sizes))
+
+    def fits(mesh):
+        return (isinstance(mesh, jax.sharding.Mesh) and not mesh.empty and
+                (tuple(mesh.axis_names), tuple(mesh.devices.shape)) == want)
+
+    trace = getattr(getattr(core, "trace_ctx", None), "trace", None)
+    if fits(getattr(trace, "mesh", None)):
+        return trace.mesh
+    source = _shard_map_file()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename == source:
+            local = frame.f_locals
+            for mesh in (local.get("mesh"), getattr(local.get("self"), "mesh", None)):
+                if fits(mesh):
+                    return mesh
+        frame = frame.f_back
+    from jax._src import mesh as mesh_lib
+
+    concrete = mesh_lib.get_concrete_mesh()
+    return concrete if fits(concrete) else None
+
+
+def lowering_mesh(ctx):
+    """The concrete Mesh of the shard_map a lowering rule runs in (from the
+    lowering context's SPMDAxisContext), or None (an AbstractMesh there, or
+    no shard_map)."""
+    from jax._src import sharding_impls
+
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, sharding_impls.SPMDAxisContext):
+        mesh = axis_context.mesh
+        if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
+            return mesh
+    return None

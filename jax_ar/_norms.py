@@ -1,6 +1,7 @@
 """The public norms: argument checks, then the primitives of ops/."""
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
@@ -9,8 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from . import config
-from .ops._axes import check_axes, communicator_for
-from .ops.all_reduce_rms_norm import fused_or_composed
+from .ops._axes import classify_axes, communicator_for, normalize_axes
+from .ops._primitive import call_lax, log_lax
+from .ops.all_reduce_rms_norm import composed, fused_or_composed
+from .ops.multi_axis import all_reduce_over
 from .ops.norm_math import reference
 from .ops.rms_norm import SUPPORTED_DTYPES, rms_norm_p
 
@@ -64,11 +67,24 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
     eps = _check_eps(op, eps)
     quantize = quant_scale is not None
     scale = _check_quant_scale(quant_scale) if quantize else jnp.ones((), jnp.float32)
-    axes = check_axes(axis_name, op)
-    comm = communicator_for(axes[0], op)
+    axes = normalize_axes(axis_name, op)
+    kinds = classify_axes(axes, op)
     if algorithm == "auto":
         algorithm = config.algorithm_override() or "auto"
-    return fused_or_composed(x, residual, gamma, scale, axes, comm, eps, algorithm, quantize)
+    if len(axes) == 1 and kinds.mesh:  # the fused kernel's case
+        comm = communicator_for(axes[0], op)
+        if comm is not None:
+            return fused_or_composed(x, residual, gamma, scale, axes, comm, eps, algorithm,
+                                     quantize)
+        reduce = functools.partial(jax.lax.psum, axis_name=axes)
+    elif not axes:
+        reduce = lambda v: v  # a sum over no axis
+    elif kinds.positional:
+        log_lax(op, axes, "jax.lax.psum", f"positional axes {kinds.positional}")
+        reduce = lambda v: call_lax(op, "jax.lax.psum", jax.lax.psum, v, axes)
+    else:  # several axes, vmap axes, size-1 axes: all_reduce's composition
+        reduce = lambda v: all_reduce_over([v], kinds, "sum", algorithm, op)[0]
+    return composed(x, residual, gamma, scale, reduce, eps, quantize)
 
 
 # ----------------------------------------------------------------------------

@@ -77,11 +77,11 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  uint64_t v = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   // The input does not depend on the launch number: its load is issued
   // before BeginLaunch's, so the two round trips overlap.
   int hint = 0;
-  uint4 mine = LoadPacked(a, 16 * v, hint);
+  uint4 mine = LoadPacked(a, 16 * first, hint);
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) {
     FillOutputs(a);
@@ -92,17 +92,22 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   const int parity = static_cast<int>(ctx.launch & 1);
   const std::byte* mailbox = LLHalf(a, a.rank, parity);
   Waiter waiter(a, ctx.launch);
+  // Every vector of this thread goes out before the first wait, so that a
+  // thread with several vectors waits for one exchange, not one per vector.
+  for (uint64_t v = first; v < vectors; v += stride) {
+    if (v != first) mine = LoadPacked(a, 16 * v, hint);
+    SendPacketPair(a, parity, a.slot_bytes, 2 * v, mine, flag);
+  }
   int header_peer = HeaderPeerOfThread(a);
   bool ok = true;
-  for (; v < vectors && ok; v += stride) {
-    if (v >= stride) mine = LoadPacked(a, 16 * v, hint);
-    SendPacketPair(a, parity, a.slot_bytes, 2 * v, mine, flag);
+  for (uint64_t v = first; v < vectors && ok; v += stride) {
+    if (v != first) mine = LoadPacked(a, 16 * v, hint);  // from L2: this launch read it
     uint4 got[kMaxWorld];
     ok = AwaitPeerPackets(a, mailbox, a.slot_bytes, 2 * v, flag, waiter, header_peer, got);
     header_peer = -1;
     if (ok) {
-      const SegmentArg& seg = a.segments[hint];
-      StorePacked(a, 16 * v, ReduceInRankOrder(a, a.op, seg.dtype, mine, got), hint);
+      hint = FindSegment(a, 16 * v, hint);
+      StorePacked(a, 16 * v, ReduceInRankOrder(a, a.op, a.segments[hint].dtype, mine, got), hint);
     }
   }
   if (ok && header_peer >= 0) CheckHeader(a, waiter);  // a thread that owned no vector
@@ -130,12 +135,13 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   const int parity = static_cast<int>(ctx.launch & 1);
   Waiter waiter(a, ctx.launch);
   const uint64_t chunk = a.chunk_bytes;  // >= 16: every rank sends to every peer
+  const uint64_t vectors = chunk / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  int header_peer = HeaderPeerOfThread(a);
-  bool ok = true;
-  for (uint64_t v = blockIdx.x * blockDim.x + threadIdx.x; v < chunk / 16 && ok; v += stride) {
-    // Phase 0: vector v of chunk j goes to rank j.
-    int hint = 0;
+  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t phase1 = static_cast<uint64_t>(a.world) * a.slot_bytes;  // its region's offset
+  int hint = 0;
+  // Phase 0: vector v of chunk j goes to rank j, for all of this thread's v.
+  for (uint64_t v = first; v < vectors; v += stride) {
 #pragma unroll
     for (int step = 1; step < kMaxWorld; ++step) {
       if (step < a.world) {
@@ -147,6 +153,12 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
         StoreVolatile16(dst + 1, make_uint4(part.z, flag, part.w, flag));
       }
     }
+  }
+  // Reduce this rank's chunk as its parts arrive; each reduced vector goes
+  // to the output and to every peer (phase 1).
+  int header_peer = HeaderPeerOfThread(a);
+  bool ok = true;
+  for (uint64_t v = first; v < vectors && ok; v += stride) {
     const uint64_t mine_at = a.rank * chunk + 16 * v;
     const uint4 mine = LoadPacked(a, mine_at, hint);
     const Dtype dtype = a.segments[mine_at < a.bytes ? hint : 0].dtype;
@@ -157,9 +169,11 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
     if (!ok) break;
     const uint4 reduced = ReduceInRankOrder(a, a.op, dtype, mine, got);
     StorePacked(a, mine_at, reduced, hint);
-    // Phase 1: the reduced vector to every peer, theirs into the output.
-    SendPacketPair(a, parity, a.slot_bytes, 2 * v, reduced, flag,
-                   static_cast<uint64_t>(a.world) * a.slot_bytes);  // phase 1's region
+    SendPacketPair(a, parity, a.slot_bytes, 2 * v, reduced, flag, phase1);
+  }
+  // Phase 1: every peer's reduced vectors into the output.
+  for (uint64_t v = first; v < vectors && ok; v += stride) {
+    uint4 got[kMaxWorld];
     ok = AwaitPeerPackets(a, TwoShotLLPhase(a, a.slot_bytes, a.rank, parity, 1), a.slot_bytes,
                           2 * v, flag, waiter, -1, got);
     if (!ok) break;

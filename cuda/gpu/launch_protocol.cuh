@@ -130,9 +130,12 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 }
 
 // Every block, first thing: the launch number, or live=false when the launch
-// is stale or the rank aborted (then nothing else may be touched). Block 0
-// also claims the number and loads the word peers poison on failure; both
-// are only looked at in FinishLaunch, so waiting for them costs no latency.
+// is stale or the rank aborted (then nothing else may be touched). One round
+// trip to memory: thread 0's three loads go out together. Block 0 then
+// claims the number and loads the word peers poison on failure, after the
+// barrier, so that nothing waits for them: FinishLaunch looks at them.
+// (Measured on the H200: a barrier waits for the loads and atomics issued
+// before it, so claiming before it cost a second round trip per launch.)
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
@@ -146,17 +149,17 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
       ReportFailure(a, abort, completed + 1);
       live = 0;
     }
-    if (live && blockIdx.x == 0) {
-      ctx.claimed = atomicExch(reinterpret_cast<unsigned long long*>(&a.local->claimed),
-                               static_cast<unsigned long long>(completed + 1));
-      ctx.told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
-    }
     s_launch = completed + 1;
     s_live = live;
   }
   __syncthreads();
   ctx.launch = s_launch;
   ctx.live = s_live != 0;
+  if (ctx.live && blockIdx.x == 0 && threadIdx.x == 0) {
+    ctx.claimed = atomicExch(reinterpret_cast<unsigned long long*>(&a.local->claimed),
+                             static_cast<unsigned long long>(ctx.launch));
+    ctx.told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
+  }
   return ctx;
 }
 
@@ -271,10 +274,13 @@ __device__ __forceinline__ int FindSegment(const Args& a, uint64_t x, int hint) 
 // 16 bytes of a segment's input from byte `rel` on; bytes past its end read
 // as zero. Partial or unaligned vectors go 2 bytes at a time (every element
 // type is a multiple of 2 bytes and XLA aligns buffers to their element).
+// Through L2, not the read-only path: an output may alias its input (a
+// donated buffer), and every kernel reads an input vector before the same
+// thread writes that output vector, which the read-only path does not allow.
 __device__ __forceinline__ uint4 LoadSegment(const SegmentArg& s, uint64_t rel) {
   const auto* p = static_cast<const std::byte*>(s.in) + rel;
   const uint64_t valid = s.bytes - rel < 16 ? s.bytes - rel : 16;
-  if (valid == 16 && s.aligned) return LoadInput16(p);
+  if (valid == 16 && s.aligned) return LoadShared16(p);
   uint32_t w[4] = {0, 0, 0, 0};
   const auto* h = reinterpret_cast<const uint16_t*>(p);
   for (uint64_t k = 0; k < valid / 2; ++k) w[k / 2] |= static_cast<uint32_t>(h[k]) << (16 * (k % 2));

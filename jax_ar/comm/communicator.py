@@ -1,8 +1,13 @@
 """jax_ar.setup() and the Communicator it returns.
 
-A communicator serves one axis of one mesh. The mesh's devices fall into
-groups along that axis (a (2, 4) mesh over ("dp", "tp") set up on "tp" gives
-2 groups of 4); each device is one rank of its group. Setup gives every
+A communicator belongs to one axis name and a set of devices in rank order:
+the mesh's devices fall into groups along the axis (a (2, 4) mesh over
+("dp", "tp") set up on "tp" gives 2 groups of 4); each device is one rank of
+its group. The registry is keyed by exactly that (platform, axis name, the
+groups' device ids in rank order), so several communicators of one axis
+name coexist: two device orders of one mesh, the sub-meshes of pipeline
+stages. A call finds its communicator by the devices of its own axis
+(`find_communicator`), never by the axis name alone. Setup gives every
 local device a workspace, exchanges handles with the other processes
 through the jax.distributed key-value store, maps every peer's workspace,
 and registers each local rank with the compiled module, where the FFI
@@ -25,8 +30,8 @@ from ..errors import JaxArError
 from .backend import Backend
 from .rendezvous import Rendezvous, machine_identity
 
-__all__ = ["Communicator", "close_all", "find_communicator", "open_communicator",
-           "open_communicators"]
+__all__ = ["Communicator", "close_all", "communicator_by_id", "describe_groups",
+           "find_communicator", "mesh_groups", "open_communicator", "open_communicators"]
 
 MIN_WORKSPACE_BYTES = 1 << 20
 MAX_WORKSPACE_BYTES = 1 << 40  # more than any GPU or /dev/shm holds; keeps sizes in int64
@@ -38,14 +43,17 @@ _generations: collections.Counter = collections.Counter()
 
 
 class Communicator:
-    """jax_ar's state for one (mesh, axis): workspaces, peers, and whether it
-    serves calls itself or falls back to psum (`fallback_reason`)."""
+    """jax_ar's state for one axis over one set of device groups: workspaces,
+    peers, and whether it serves calls itself or falls back to psum
+    (`fallback_reason`). `mesh` is the mesh given to setup (any mesh with the
+    same groups along the axis finds this communicator)."""
 
     def __init__(self, mesh, axis_name, platform, groups, workspace_bytes, timeout_s, comm_id):
         self.mesh = mesh
         self.axis_name = axis_name
         self.platform = platform
         self.groups = groups  # list of device lists, rank order
+        self.group_ids = group_ids(groups)
         self.world_size = len(groups[0])
         self.workspace_bytes = workspace_bytes
         self.timeout_s = timeout_s
@@ -68,6 +76,12 @@ class Communicator:
     def serves_calls(self) -> bool:
         """True when calls run jax_ar's own kernels (not the psum fallback)."""
         return not self._closed and self.fallback_reason is None
+
+    def holds(self, groups) -> bool:
+        """Whether each of `groups` (device lists or id lists, rank order) is
+        exactly one of this communicator's groups."""
+        mine = set(self.group_ids)
+        return all(g in mine for g in group_ids(groups))
 
     def capacity_bytes(self, key: str) -> int:
         """Largest message one protocol round carries (key "oneshot" or
@@ -146,8 +160,9 @@ class Communicator:
 
 def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
                       agreement=None) -> Communicator:
-    """jax_ar.setup(): the communicator of `axis_name` of `mesh`, set up once
-    (later calls with the same mesh and axis return it). Collective over the
+    """jax_ar.setup(): the communicator of `axis_name` over the device groups
+    of `mesh` along it, set up once (later calls with the same axis and
+    groups return it). Collective over the
     processes that own devices of the mesh. `agreement(comm)` gives more
     fields (JSON-able) that every process must agree on, next to the
     configuration."""
@@ -170,38 +185,67 @@ def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
     except (TypeError, ValueError) as e:
         raise type(e)(f"jax_ar.setup: {e}") from None
 
-    key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, tuple(mesh.axis_names),
-           axis_name)
+    groups = mesh_groups(mesh, axis_name)
+    # A communicator is its devices in rank order: another mesh with the same
+    # groups along the axis (another shape, other axis names) is the same one.
+    key = (platform, axis_name, group_ids(groups))
     with _lock:
         existing = _open.get(key)
         if existing is not None:
             if workspace_bytes != existing.workspace_bytes:
                 raise ValueError(
-                    f"jax_ar.setup: axis {axis_name!r} of this mesh is already set up with "
-                    f"workspace_bytes={existing.workspace_bytes}; close() it first to change it")
+                    f"jax_ar.setup: axis {axis_name!r} over these devices is already set up "
+                    f"with workspace_bytes={existing.workspace_bytes}; close() it first to "
+                    "change it")
             return existing
         _generations[key] += 1
         comm_id = _stable_id(key, _generations[key])
-        axis = mesh.axis_names.index(axis_name)
-        devices = np.moveaxis(mesh.devices, axis, -1).reshape(-1, mesh.devices.shape[axis])
-        groups = [list(row) for row in devices]
         comm = Communicator(mesh, axis_name, platform, groups, workspace_bytes, timeout, comm_id)
         _connect(comm, agreement or (lambda comm: {}))
         _open[key] = comm
         return comm
 
 
-def find_communicator(axis_name, mesh_axis_names=None, mesh_shape=None) -> Communicator | None:
-    """The open communicator of `axis_name`, preferring one whose mesh has the
-    given axis names and shape (the mesh of the enclosing shard_map)."""
+def mesh_groups(mesh, axis_name) -> list[list]:
+    """The devices of `mesh` in groups along `axis_name`, each in rank order
+    (its position along the axis); groups follow the other axes row-major."""
+    axis = tuple(mesh.axis_names).index(axis_name)
+    devices = np.moveaxis(np.asarray(mesh.devices), axis, -1)
+    return [list(row) for row in devices.reshape(-1, devices.shape[-1])]
+
+
+def group_ids(groups) -> tuple:
+    """Groups of devices (or of device ids) as a tuple of tuples of ids."""
+    return tuple(tuple(d if isinstance(d, (int, np.integer)) else d.id for d in g)
+                 for g in groups)
+
+
+def describe_groups(groups, limit: int = 4) -> str:
+    """The device ids of `groups` in rank order, e.g. [[0, 1], [2, 3]] (the
+    first `limit` groups)."""
+    ids = [list(g) for g in group_ids(groups)]
+    more = f" and {len(ids) - limit} more groups" if len(ids) > limit else ""
+    return f"{ids[:limit]}{more}"
+
+
+def find_communicator(axis_name, groups) -> Communicator | None:
+    """The open communicator of `axis_name` that holds every one of `groups`
+    (the device groups of the call's axis, each in rank order), or None.
+    One whose groups are exactly these comes first; among several, the one
+    set up last. The choice depends only on the devices and the order of
+    setups, so every rank of a group makes the same one."""
     with _lock:
-        candidates = [c for c in _open.values() if c.axis_name == axis_name]
-    if mesh_axis_names is not None:
-        matching = [c for c in candidates
-                    if tuple(c.mesh.axis_names) == tuple(mesh_axis_names)
-                    and (mesh_shape is None or tuple(c.mesh.devices.shape) == tuple(mesh_shape))]
-        candidates = matching
+        candidates = [c for c in _open.values() if c.axis_name == axis_name and c.holds(groups)]
+    wanted = set(group_ids(groups))
+    exact = [c for c in candidates if set(c.group_ids) == wanted]
+    candidates = exact or candidates
     return candidates[-1] if candidates else None
+
+
+def communicator_by_id(comm_id) -> Communicator | None:
+    """The open communicator with this comm_id, or None (closed, or never)."""
+    with _lock:
+        return next((c for c in _open.values() if c.comm_id == comm_id), None)
 
 
 _backends: dict[str, Backend] = {}
@@ -220,8 +264,11 @@ def backend_for(platform: str) -> Backend:
     return _backends[platform]
 
 
-def open_communicators() -> list[Communicator]:
+def open_communicators(axis_name=None) -> list[Communicator]:
+    """Every open communicator (of `axis_name`, if given), oldest first."""
     with _lock:
+        if axis_name is not None:
+            return [c for c in _open.values() if c.axis_name == axis_name]
         return list(_open.values())
 
 
@@ -250,10 +297,7 @@ def _fingerprint(comm: Communicator, agreement) -> dict:
         "version": __version__,
         "platform": comm.platform,
         "axis": comm.axis_name,
-        "mesh_axes": list(comm.mesh.axis_names),
-        "mesh_shape": list(comm.mesh.devices.shape),
-        "devices": hashlib.blake2b(repr([d.id for d in comm.mesh.devices.flat]).encode(),
-                                   digest_size=8).hexdigest(),
+        "groups": hashlib.blake2b(repr(comm.group_ids).encode(), digest_size=8).hexdigest(),
         "group_size": comm.world_size,
         "workspace_bytes": comm.workspace_bytes,
     }

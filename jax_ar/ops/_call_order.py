@@ -30,7 +30,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
-__all__ = ["after", "ffi_call_in_order"]
+__all__ = ["after", "ffi_call_in_order", "on_cpu"]
 
 _local = threading.local()
 
@@ -44,14 +44,16 @@ def _links(ctx) -> dict:
     return _local.links
 
 
-def _on_cpu(ctx) -> bool:
+def on_cpu(ctx) -> bool:
     return tuple(ctx.module_context.platforms) == ("cpu",)
 
 
-def ffi_call_in_order(ctx, target, operands, **attributes):
+def ffi_call_in_order(ctx, target, operands, aliases=None, **attributes):
     """The lowering of a jax_ar custom call `target`: on CPU, chained after
-    the previous jax_ar call of the current block (see above)."""
-    outs = jax.ffi.ffi_lowering(target)(ctx, *after_previous_call(ctx, operands), **attributes)
+    the previous jax_ar call of the current block (see above). `aliases`
+    ({operand: result}) lets results reuse their operands' buffers."""
+    rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None)
+    outs = rule(ctx, *after_previous_call(ctx, operands), **attributes)
     record_call(ctx, outs[0])
     return outs
 
@@ -59,7 +61,7 @@ def ffi_call_in_order(ctx, target, operands, **attributes):
 def after_previous_call(ctx, operands):
     """`operands` (whose avals are ctx.avals_in), made to wait for the previous
     jax_ar call of the current block."""
-    if not _on_cpu(ctx):
+    if not on_cpu(ctx):
         return list(operands)
     previous = _links(ctx).get(ir.InsertionPoint.current.block)
     if previous is None:
@@ -75,7 +77,7 @@ def after_previous_call(ctx, operands):
 def record_call(ctx, result) -> None:
     """Marks `result` (ctx.avals_out[0]) as the link the next jax_ar call of
     this block waits for."""
-    if _on_cpu(ctx):
+    if on_cpu(ctx):
         _links(ctx)[ir.InsertionPoint.current.block] = (result, ctx.avals_out[0])
 
 
@@ -88,7 +90,7 @@ after_p.def_impl(lambda *args: list(args[:-1]))
 
 def _after_lowering(ctx, *args):
     *values, link = args
-    if not _on_cpu(ctx):
+    if not on_cpu(ctx):
         return values  # one stream keeps the compiled order
     rule = jax.ffi.ffi_lowering(
         "jax_ar_order", operand_output_aliases={i: i for i in range(len(values))})

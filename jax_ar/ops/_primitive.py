@@ -1,6 +1,7 @@
 """The skeleton every collective primitive shares: a primitive that only
 exists inside shard_map, lowered in place to one FFI custom call of a
-communicator, and the one way its psum fallback is logged."""
+communicator (the one that holds the devices it is lowered for), and the
+one way a call that lowers to a jax.lax collective says so."""
 from __future__ import annotations
 
 from jax.extend.core import Primitive
@@ -8,16 +9,21 @@ from jax.interpreters import mlir
 
 from .. import config
 from . import _call_order
+from ._axes import lowered_comm_id
 
-__all__ = ["collective_primitive", "fallback_reason", "log_fallback"]
+__all__ = ["call_lax", "collective_primitive", "fallback_reason", "log_fallback", "log_lax"]
 
 
 def collective_primitive(target: str, public_name: str, abstract_eval, ffi_attributes, *,
-                         multiple_results: bool = False) -> Primitive:
+                         axis_of, multiple_results: bool = False,
+                         aliases_of=None) -> Primitive:
     """A primitive that binds FFI target `target`. `ffi_attributes(**params)`
-    gives the custom call's attributes (numpy scalars) from the params.
-    Outside shard_map there is no axis to reduce over, so evaluating it
-    eagerly is an error naming `public_name`."""
+    gives the custom call's attributes (numpy scalars) from the params;
+    `axis_of(params)` the mesh axis the call runs over (its communicator is
+    checked against the devices of that axis when lowering);
+    `aliases_of(ctx, **params)` the {operand: result} pairs whose buffers the
+    result may reuse (None: none). Outside shard_map there is no axis to
+    reduce over, so evaluating it eagerly is an error naming `public_name`."""
     primitive = Primitive(target)
     primitive.multiple_results = multiple_results
     primitive.def_abstract_eval(abstract_eval)
@@ -26,11 +32,15 @@ def collective_primitive(target: str, public_name: str, abstract_eval, ffi_attri
         raise ValueError(f"jax_ar.{public_name} must be called inside jax.shard_map")
 
     def lowering(ctx, *args, **params):
+        params = dict(params, comm_id=lowered_comm_id(
+            ctx, axis_of(params), params["comm_id"], f"jax_ar.{public_name}"))
+        aliases = aliases_of(ctx, **params) if aliases_of is not None else None
         return _call_order.ffi_call_in_order(  # CPU: keeps calls in program order
-            ctx, target, args, **ffi_attributes(**params))
+            ctx, target, args, aliases=aliases, **ffi_attributes(**params))
 
     primitive.def_impl(impl)
-    # Not cacheable: each call must be lowered in place to be chained (_call_order.py).
+    # Not cacheable: each call must be lowered in place to be chained
+    # (_call_order.py) and checked against the devices it runs on.
     mlir.register_lowering(primitive, lowering, cacheable=False)
     return primitive
 
@@ -48,3 +58,27 @@ def log_fallback(comm, what: str, axis, lax_name: str, reason: str) -> None:
     lax collective `lax_name`, and why."""
     config.log_once(("fallback", comm.comm_id, what, reason),
                     f"jax_ar: {what} over {axis!r} lowers to {lax_name}: {reason}")
+
+
+def log_lax(what: str, axes, lax_name: str, reason: str) -> None:
+    """Logs once that a call of `what` that no communicator serves (a form
+    jax_ar's kernels do not take) lowers to the lax collective `lax_name`."""
+    config.log_once(("lax", what, axes, reason),
+                    f"jax_ar: {what} over {axes!r} lowers to {lax_name}: {reason}")
+
+
+def call_lax(what: str, lax_name: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), a jax.lax collective serving a call of `what`;
+    its errors name `what` too (the user called jax_ar, not jax.lax)."""
+    try:
+        return fn(*args, **kwargs)
+    except (TypeError, ValueError, NameError, NotImplementedError) as e:
+        try:
+            named = type(e)(f"{what} (served by {lax_name}): {e}")
+        except Exception:  # an exception type with another constructor: keep it as it is
+            raise e from None
+        raise named from e
+    except AssertionError as e:  # jax.lax's own check failed: not a user-facing message
+        raise NotImplementedError(
+            f"{what}: {lax_name}, which serves this form of the call, fails on it inside this "
+            f"shard_map ({type(e).__name__}: {e})") from e

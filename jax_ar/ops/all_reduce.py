@@ -18,11 +18,13 @@ from .._native import ALGORITHM_CODES, OP_CODES
 from ._axes import as_varying
 from ._primitive import collective_primitive, fallback_reason, log_fallback
 
-__all__ = ["LAX_REDUCTIONS", "all_reduce_p", "empty_result", "lax_reduce", "reduce_leaves"]
+__all__ = ["LAX_NAMES", "LAX_REDUCTIONS", "all_reduce_p", "empty_result", "lax_reduce",
+           "reduce_leaves"]
 
 # The lax collectives jax_ar's ops stand in for (and fall back to), by op name.
 LAX_REDUCTIONS = {"sum": jax.lax.psum, "avg": jax.lax.pmean, "max": jax.lax.pmax,
                   "min": jax.lax.pmin}
+LAX_NAMES = {op: f"jax.lax.{fn.__name__}" for op, fn in LAX_REDUCTIONS.items()}
 
 
 def lax_reduce(x, axes, op):
@@ -30,9 +32,12 @@ def lax_reduce(x, axes, op):
     return LAX_REDUCTIONS[op](x, axes)
 
 
-def _abstract_eval(*avals, axes, **_):
-    # Like psum: the result no longer varies over the reduced axes.
-    return [_compat.with_varying_axes(a, _compat.varying_axes(a) - set(axes)) for a in avals]
+def _abstract_eval(*avals, axes, vma, **_):
+    # Like psum: the result no longer varies over the reduced axes. Without
+    # check_vma, jax.lax's psum / pmax / pmin give a strongly typed result
+    # (jax 0.10 to 0.12: a fresh ShapedArray), so this one does too.
+    out = [_compat.with_varying_axes(a, _compat.varying_axes(a) - set(axes)) for a in avals]
+    return out if vma else [a.update(weak_type=False) for a in out]
 
 
 def _ffi_attributes(*, op, algorithm, comm_id, **_):
@@ -40,8 +45,22 @@ def _ffi_attributes(*, op, algorithm, comm_id, **_):
                 algorithm=np.int32(ALGORITHM_CODES[algorithm]))
 
 
+def _aliases(ctx, **_):
+    """Each result may reuse its operand's buffer (a donated input costs no
+    second buffer; XLA copies an operand that is still needed elsewhere).
+
+    CPU: every protocol round copies its whole range of the inputs into the
+    workspaces (the peers' slots, or one's own) before it writes any output,
+    and later rounds read only later ranges, so out == in is safe. GPU: each
+    kernel reads an input vector before the thread that reads it writes the
+    same output vector, and reads inputs through L2 (LoadSegment,
+    cuda/gpu/launch_protocol.cuh), so out == in is safe there too."""
+    return {i: i for i in range(len(ctx.avals_in))}
+
+
 all_reduce_p = collective_primitive("jax_ar_all_reduce", "all_reduce", _abstract_eval,
-                                    _ffi_attributes, multiple_results=True)
+                                    _ffi_attributes, axis_of=lambda params: params["axes"][0],
+                                    multiple_results=True, aliases_of=_aliases)
 
 
 def _jvp(primals, tangents, **params):

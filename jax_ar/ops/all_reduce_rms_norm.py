@@ -41,7 +41,7 @@ from .all_reduce import all_reduce_p, reduce_leaves
 from .norm_math import FP8_DTYPE, norm_tangent, normalize, quantize_fp8
 from .rms_norm import module_serves
 
-__all__ = ["all_reduce_rms_norm_p", "fused_or_composed"]
+__all__ = ["all_reduce_rms_norm_p", "composed", "fused_or_composed"]
 
 TARGET = "jax_ar_all_reduce_rms_norm"
 
@@ -68,7 +68,9 @@ def _ffi_attributes(*, algorithm, comm_id, eps, quantize, **_):
 
 
 all_reduce_rms_norm_p = collective_primitive(TARGET, "all_reduce_rms_norm", _abstract_eval,
-                                             _ffi_attributes, multiple_results=True)
+                                             _ffi_attributes,
+                                             axis_of=lambda params: params["axes"][0],
+                                             multiple_results=True)
 
 
 def _batch(args, dims, **params):
@@ -191,14 +193,22 @@ def _kernel_refuses(x, platform) -> str | None:
 # ----------------------------------------------------------------------------
 # Which path serves a call.
 
+def composed(x, residual, gamma, scale, reduce, eps, quantize):
+    """jax_ar.all_reduce_rms_norm of checked operands as separate ops:
+    reduce(float32 x) (an all-reduce over the call's axes) + residual, then
+    the norm in jnp."""
+    fn = functools.partial(_unfused, reduce=reduce, eps=eps, quantize=quantize)
+    return _not_differentiable(fn, x, residual, gamma, scale) if quantize else \
+        fn(x, residual, gamma, scale)
+
+
 def fused_or_composed(x, residual, gamma, scale, axes, comm, eps, algorithm, quantize):
-    """jax_ar.all_reduce_rms_norm of checked operands: the fused kernel where
-    it serves, else the same math composed of an all-reduce (jax_ar's, or
-    psum where jax_ar cannot serve) and the norm in jnp."""
+    """jax_ar.all_reduce_rms_norm of checked operands over one mesh axis
+    (`axes`, served by `comm`): the fused kernel where it serves, else the
+    same math composed of an all-reduce (jax_ar's, or psum where jax_ar
+    cannot serve) and the norm in jnp."""
     def unfused(reduce):
-        fn = functools.partial(_unfused, reduce=reduce, eps=eps, quantize=quantize)
-        return _not_differentiable(fn, x, residual, gamma, scale) if quantize else \
-            fn(x, residual, gamma, scale)
+        return composed(x, residual, gamma, scale, reduce, eps, quantize)
 
     psum = functools.partial(jax.lax.psum, axis_name=axes)
     if algorithm == "psum":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._axes import check_axes, communicator_for
+from ._axes import communicator_for
 from ._primitive import collective_primitive, fallback_reason
 
 __all__ = ["STAGES", "protocol_probe"]
@@ -19,7 +19,7 @@ __all__ = ["STAGES", "protocol_probe"]
 STAGES = ("empty", "launch", "header", "packet", "oneshot", "twoshot_ll", "twoshot_plain")
 
 
-def _ffi_attributes(*, comm_id, stage):
+def _ffi_attributes(*, comm_id, stage, **_):
     return dict(comm_id=np.int64(comm_id), stage=np.int32(STAGES.index(stage)))
 
 
@@ -27,7 +27,8 @@ def _ffi_attributes(*, comm_id, stage):
 # the others leave the result buffer as it was. Either way nothing of the
 # chain that feeds one probe into the next depends on values.
 protocol_probe_p = collective_primitive("jax_ar_protocol_probe", "protocol_probe",
-                                        lambda aval, **_: aval, _ffi_attributes)
+                                        lambda aval, **_: aval, _ffi_attributes,
+                                        axis_of=lambda params: params["axis_name"])
 
 
 def protocol_probe(x, axis_name: str, stage: str):
@@ -36,10 +37,14 @@ def protocol_probe(x, axis_name: str, stage: str):
     what = "jax_ar protocol_probe"
     if stage not in STAGES:
         raise ValueError(f"{what}: stage must be one of {STAGES}, got {stage!r}")
-    (axis,) = check_axes(axis_name, what)
-    comm = communicator_for(axis, what)
+    if not isinstance(axis_name, str):
+        raise TypeError(f"{what}: axis_name must be one mesh axis name, got {axis_name!r}")
+    comm = communicator_for(axis_name, what)
+    if comm is None:
+        raise ValueError(f"{what}: the devices of axis {axis_name!r} are not known while tracing "
+                         "(shard_map over a concrete mesh)")
     reason = fallback_reason(comm) or (None if comm.platform == "gpu" else
                                        f"the probe is the CUDA backend's ({comm.platform})")
     if reason:
-        raise ValueError(f"{what}: cannot run over {axis!r}: {reason}")
-    return protocol_probe_p.bind(x, comm_id=comm.comm_id, stage=stage)
+        raise ValueError(f"{what}: cannot run over {axis_name!r}: {reason}")
+    return protocol_probe_p.bind(x, axis_name=axis_name, comm_id=comm.comm_id, stage=stage)

@@ -55,7 +55,8 @@ def _scatter_attributes(*, comm_id, op, **_):
 
 
 reduce_scatter_p = collective_primitive("jax_ar_reduce_scatter", "reduce_scatter",
-                                        _scatter_abstract_eval, _scatter_attributes)
+                                        _scatter_abstract_eval, _scatter_attributes,
+                                        axis_of=lambda params: params["axis_name"])
 
 
 def _scatter_jvp(primals, tangents, **params):
@@ -135,7 +136,7 @@ def _gather_attributes(*, comm_id, **_):
 
 
 all_gather_p = collective_primitive("jax_ar_all_gather", "all_gather", _gather_abstract_eval,
-                                    _gather_attributes)
+                                    _gather_attributes, axis_of=lambda params: params["axis_name"])
 
 
 def _gather_transpose(ct, x, *, axis_name, comm_id, world_size, vma, invariant):

@@ -15,11 +15,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.extend.core import Literal
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_ar
 from jax_ar import _compat
 from axes_cases import run_cases
+from lax_forms import compare_with_lax, run_tree_cases
 from common import (DTYPES, assert_bitwise_equal, assert_equal_nan_aware, emulate_all_reduce,
                     expect_error, global_array, log, SuiteSkipped, main_guard, suites_in, random_values,
                     run_communicator_suites, same_on_all_processes)
@@ -314,6 +315,232 @@ def _depends_on_inputs(jaxpr) -> bool:
     return any(v in live for v in jaxpr.outvars if not isinstance(v, Literal))
 
 
+# ----------------------------------------------------------------------------
+# The forms jax.lax takes: several axes, scalars, other dtypes, groups, vmap.
+
+def ordered_ranks(sizes, axes_order, names):
+    """Ranks (row-major positions in a mesh of `sizes` over `names`) sorted
+    by their index along the tuple `axes_order`: lax's rank order."""
+    coords = list(np.ndindex(*sizes))
+
+    def index(c):
+        k = 0
+        for a in axes_order:
+            k = k * sizes[names.index(a)] + c[names.index(a)]
+        return k
+    return sorted(range(len(coords)), key=lambda r: index(coords[r])), [index(c) for c in coords]
+
+
+def scatter_over_reference(parts, d, tiled, order, index):
+    """Rank r's psum_scatter over a tuple: block index[r] of the sum."""
+    total = np.sum(np.stack([p.astype(np.float64) for p in parts]), axis=0).astype(parts[0].dtype)
+    count = len(order)
+    if tiled:
+        k = total.shape[d] // count
+        return [np.take(total, np.arange(index[r] * k, (index[r] + 1) * k), axis=d)
+                for r in range(len(parts))]
+    return [np.take(total, index[r], axis=d) for r in range(len(parts))]
+
+
+def gather_over_reference(parts, d, tiled, order):
+    ordered = [parts[r] for r in order]
+    want = np.concatenate(ordered, axis=d) if tiled else np.stack(ordered, axis=d)
+    return [want] * len(parts)
+
+
+def suite_several_axes(mesh, comm):
+    """reduce_scatter and all_gather over two mesh axes, in both tuple
+    orders, tiled and not, every dimension: lax's result and types (rank
+    order = lax's over the tuple). With communicators for both axes (two
+    jax_ar steps), and for one (an XLA step for the other)."""
+    n = comm.world_size
+    rows = 2 if n % 2 == 0 else n
+    sizes, names = (rows, n // rows), ("x", "y")
+    grid = Mesh(mesh.devices.reshape(sizes), names)
+    rng = np.random.default_rng(SEED + 6)
+    variants = [("x", "y"), ("y",) if sizes[1] > 1 else ("x",)]
+    if ON_GPU and sizes[1] > 1:  # an XLA step between ranks sharing a GPU: NCCL refuses
+        variants = variants[:1]
+    for setup_axes in variants:
+        comms = [jax_ar.setup(grid, a) for a in setup_axes]
+        cases, expected = {}, {}
+        for axes in (("x", "y"), ("y", "x")):
+            order, index = ordered_ranks(sizes, axes, names)
+            for shape, d, tiled in (((n,), 0, False), ((2, n), -1, False), ((2 * n, 3), 0, True),
+                                    ((3, 2, n), 2, True), ((2, n, 3), -2, False)):
+                for dt in ("float32", "bfloat16", "int32"):
+                    parts = [random_values(rng, shape, DTYPES[dt]) for _ in range(n)]
+                    name = f"reduce_scatter {axes} {dt}{shape} d={d} tiled={tiled}"
+                    cases[name] = (lambda v, axes=axes, d=d, t=tiled: jax_ar.reduce_scatter(
+                        v, axes, d, t), lambda v, axes=axes, d=d % len(shape), t=tiled:
+                        jax.lax.psum_scatter(v, axes, scatter_dimension=d, tiled=t), [parts])
+                    expected[name] = [scatter_over_reference(parts, d % len(shape), tiled,
+                                                             order, index)]
+            for shape, d, tiled in (((3,), 0, False), ((3,), -1, True), ((2, 3), 1, False),
+                                    ((2, 3), -1, True), ((2, 3, 2), 1, True)):
+                for to in ("varying", "invarying"):
+                    for dt in ("float32", "int8"):
+                        parts = [random_values(rng, shape, np.float32).astype(dt)
+                                 for _ in range(n)]
+                        name = f"all_gather {axes} {dt}{shape} d={d} tiled={tiled} {to}"
+                        out_ndim = len(shape) + (0 if tiled else 1)
+                        cases[name] = (lambda v, axes=axes, d=d, t=tiled, to=to: jax_ar.all_gather(
+                            v, axes, d, t, to=to), lambda v, axes=axes, d=d % out_ndim, t=tiled,
+                            to=to: jax.lax.all_gather(v, axes, axis=d, tiled=t, to=to), [parts])
+                        expected[name] = [gather_over_reference(parts, d % out_ndim, tiled,
+                                                                order)]
+        compare_with_lax(grid, cases, expected)
+        for c in comms:
+            c.close()
+        log(f"several_axes with communicators for {setup_axes}: {len(cases)} cases ok")
+
+
+def suite_lax_forms(mesh, comm):
+    """Python and numpy scalars, 0-d arrays, dtypes the kernels do not take
+    (jax.lax, logged), axis_name=() and lists, axis_index_groups, pytrees
+    mixing dtypes, negative dimensions: lax's results and types."""
+    if ON_GPU:  # forms served by jax.lax's collectives: NCCL refuses ranks sharing a GPU
+        raise SuiteSkipped("jax.lax's collectives cannot run between ranks sharing a GPU")
+    n = comm.world_size
+    rng = np.random.default_rng(SEED + 7)
+    dummy = [np.zeros((), np.float32)] * n
+    constants = {"1": 1, "True": True, "2.5": 2.5, "np.float32": np.float32(-1.5),
+                 "numpy 0-d int8": np.array(3, np.int8), "jax f32[2]": jnp.arange(2.0)}
+    cases, expected = {}, {}
+    for label, c in constants.items():
+        for to in ("varying", "invarying"):
+            name = f"all_gather({label}) {to}"
+            cases[name] = (lambda v, c=c, to=to: jax_ar.all_gather(c, "tp", to=to),
+                           lambda v, c=c, to=to: jax.lax.all_gather(c, "tp", to=to), [dummy])
+            expected[name] = [[np.stack([np.asarray(c)] * n)] * n]
+    for dt in ("float32", "bfloat16", "int32", "bool", "int8", "uint32", "complex64"):
+        zero_d = [random_values(rng, (), np.float32).astype(dt) for _ in range(n)]
+        for axis in (0, -1):
+            name = f"all_gather 0-d {dt} axis={axis}"
+            cases[name] = (lambda v, a=axis: jax_ar.all_gather(v, "tp", axis=a),
+                           lambda v: jax.lax.all_gather(v, "tp", axis=0), [zero_d])
+            expected[name] = [[np.stack(zero_d)] * n]
+    for dt in ("int8", "uint8", "int16", "complex64"):  # jax.lax's psum_scatter
+        parts = [np.abs(random_values(rng, (n, 2), np.float32)).astype(dt) for _ in range(n)]
+        name = f"reduce_scatter {dt}"
+        cases[name] = (lambda v: jax_ar.reduce_scatter(v, "tp", -2),
+                       lambda v: jax.lax.psum_scatter(v, "tp", scatter_dimension=0), [parts])
+        expected[name] = [scatter_reference(parts, 0, False)]
+    f32 = [random_values(rng, (n, 4), np.float32) for _ in range(n)]
+    cases["reduce_scatter ()"] = (lambda v: jax_ar.reduce_scatter(v, ()),
+                                  lambda v: jax.lax.psum_scatter(v, ()), [f32])
+    expected["reduce_scatter ()"] = [f32]
+    cases["all_gather ()"] = (lambda v: jax_ar.all_gather(v, ()),
+                              lambda v: jax.lax.all_gather(v, ()), [f32])
+    cases["reduce_scatter list"] = (
+        lambda v: jax_ar.reduce_scatter(v, ["tp"], 1, tiled=True),
+        lambda v: jax.lax.psum_scatter(v, ("tp",), scatter_dimension=1, tiled=True),
+        [[np.tile(p, n) for p in f32]])
+    cases["all_gather list"] = (lambda v: jax_ar.all_gather(v, ["tp"], axis=-1, tiled=True),
+                                lambda v: jax.lax.all_gather(v, ("tp",), axis=1, tiled=True), [f32])
+    whole = [list(range(n))]
+    cases["reduce_scatter one group"] = (
+        lambda v: jax_ar.reduce_scatter(v, "tp", axis_index_groups=whole),
+        lambda v: jax.lax.psum_scatter(v, "tp"), [f32])
+    cases["all_gather one group"] = (lambda v: jax_ar.all_gather(v, "tp", axis_index_groups=whole),
+                                     lambda v: jax.lax.all_gather(v, "tp"), [f32])
+    if n % 2 == 0:
+        halves = [list(range(n // 2)), list(range(n // 2, n))]
+        wide = [random_values(rng, (2, n // 2), np.float32) for _ in range(n)]
+        cases["reduce_scatter halves"] = (
+            lambda v: jax_ar.reduce_scatter(v, "tp", 1, tiled=True, axis_index_groups=halves),
+            lambda v: jax.lax.psum_scatter(v, "tp", scatter_dimension=1, tiled=True,
+                                           axis_index_groups=halves), [wide])
+        expected["reduce_scatter halves"] = [[
+            scatter_reference([wide[q] for q in g], 1, True)[g.index(r)]
+            for r in range(n) for g in halves if r in g]]
+        cases["all_gather halves"] = (
+            lambda v: jax_ar.all_gather(v, "tp", axis_index_groups=halves),
+            lambda v: jax.lax.all_gather(v, "tp", axis_index_groups=halves), [wide])
+        expected["all_gather halves"] = [[np.stack([wide[q] for q in g])
+                                          for r in range(n) for g in halves if r in g]]
+    tree = [{"f32": random_values(rng, (n, 2), np.float32),
+             "bf16": random_values(rng, (n,), DTYPES["bfloat16"]),
+             "i32": random_values(rng, (n, 1, 2), np.int32),
+             "i8": np.abs(random_values(rng, (n,), np.float32)).astype(np.int8)} for _ in range(n)]
+    keys = sorted(tree[0])
+    cases["reduce_scatter pytree"] = (
+        lambda *vs: jax_ar.reduce_scatter(dict(zip(keys, vs)), "tp"),
+        lambda *vs: jax.lax.psum_scatter(dict(zip(keys, vs)), "tp"), [[t[k] for t in tree]
+                                                                      for k in keys])
+    expected["reduce_scatter pytree"] = [scatter_reference([t[k] for t in tree], 0, False)
+                                         for k in keys]
+    cases["all_gather pytree"] = (
+        lambda *vs: jax_ar.all_gather((dict(zip(keys, vs)), vs[0] > 0, 1.5), "tp", axis=-1),
+        lambda *vs: jax.lax.all_gather((dict(zip(keys, vs)), vs[0] > 0, 1.5), "tp", axis=-1),
+        [[t[k] for t in tree] for k in keys])
+    for check_vma in (True, False):
+        compare_with_lax(mesh, cases, expected, check_vma=check_vma)
+    log(f"lax_forms: {len(cases)} forms ok")
+
+
+def suite_vmap_axes(mesh, comm):
+    """jax.vmap(axis_name="b") inside shard_map: reduce_scatter and
+    all_gather over "b", ("tp", "b") and ("b", "tp") (rank order over the
+    tuple), against numpy; against jax.lax where it takes them (over "b"
+    alone without check_vma: jax 0.10's lax fails on the others)."""
+    n = comm.world_size
+    rng = np.random.default_rng(SEED + 8)
+    batch = 2
+    for check_vma in (True, False):
+        cases, expected, lax_cases = {}, {}, {}
+        for axes in ("b", ("tp", "b"), ("b", "tp")):
+            count = batch if axes == "b" else n * batch
+
+            def member_index(t, i, axes=axes):  # rank t, batch member i
+                return i if axes == "b" else (t * batch + i if axes[0] == "tp" else i * n + t)
+            parts = [random_values(rng, (batch, count, 3), np.float32) for _ in range(n)]
+            name = f"reduce_scatter over {axes}"
+            cases[name] = (lambda v, axes=axes: jax.vmap(
+                lambda r: jax_ar.reduce_scatter(r, axes), axis_name="b")(v), [parts])
+            if axes == "b":
+                totals = [p.sum(0) for p in parts]
+                want = [np.stack([totals[t][member_index(t, i)] for i in range(batch)])
+                        for t in range(n)]
+            else:
+                total = sum(p.sum(0) for p in parts)
+                want = [np.stack([total[member_index(t, i)] for i in range(batch)])
+                        for t in range(n)]
+            expected[name] = [want]
+            lax_cases[name] = lambda v, axes=axes: jax.vmap(
+                lambda r: jax.lax.psum_scatter(r, axes), axis_name="b")(v)
+            rows = [random_values(rng, (batch, 2), np.float32) for _ in range(n)]
+            for tiled in (False, True):
+                name = f"all_gather over {axes} tiled={tiled}"
+                cases[name] = (lambda v, axes=axes, t=tiled: jax.vmap(
+                    lambda r: jax_ar.all_gather(r, axes, axis=-1, tiled=t), axis_name="b")(v),
+                    [rows])
+                members = {member_index(t, i): rows[t][i] for t in range(n) for i in range(batch)}
+                groups = [[rows[t][i] for i in range(batch)] if axes == "b" else
+                          [members[k] for k in range(count)] for t in range(n)]
+                one = [np.concatenate(g, axis=-1) if tiled else np.stack(g, axis=-1)
+                       for g in groups]
+                stacked = [np.broadcast_to(o, (batch,) + o.shape) for o in one]
+                expected[name] = [stacked]
+                lax_cases[name] = lambda v, axes=axes, t=tiled: jax.vmap(
+                    lambda r: jax.lax.all_gather(r, axes, axis=-1, tiled=t), axis_name="b")(v)
+        results, types = run_tree_cases(mesh, cases, check_vma=check_vma)
+        for name, per_leaf in results.items():
+            for rank, got in per_leaf[0].items():
+                assert_bitwise_equal(got, np.asarray(expected[name][0][rank], got.dtype),
+                                     f"{name} check_vma={check_vma} rank {rank}")
+            assert types[name][0][3] == (frozenset({"tp"}) if check_vma else frozenset()), \
+                (name, types[name])
+        if not check_vma and not ON_GPU:
+            over_b = {k: (lax_cases[k], cases[k][1]) for k in cases if "over b" in k}
+            lax_results, lax_types = run_tree_cases(mesh, over_b, check_vma=False)
+            for name, per_leaf in lax_results.items():
+                assert lax_types[name] == types[name], (name, lax_types[name], types[name])
+                for rank, got in results[name][0].items():
+                    assert_bitwise_equal(got, per_leaf[0][rank], f"{name} vs lax rank {rank}")
+    log("vmap_axes: ok")
+
+
 def suite_bad_input(mesh, comm):
     n = comm.world_size
     x = global_array(np.ones((n * n, n + 1), np.float32), mesh, P("tp"))  # [n, n + 1] each
@@ -331,15 +558,26 @@ def suite_bad_input(mesh, comm):
                  lambda: run(lambda v: jax_ar.reduce_scatter(v, "tp", "0")))
     expect_error(TypeError, "tiled must be a bool",
                  lambda: run(lambda v: jax_ar.reduce_scatter(v, "tp", tiled="yes")))
-    expect_error(TypeError, "unsupported dtype",
-                 lambda: run(lambda v: jax_ar.reduce_scatter(v.astype(jnp.int8), "tp")))
+    expect_error(TypeError, "jax_ar.reduce_scatter: cannot sum bool",
+                 lambda: run(lambda v: jax_ar.reduce_scatter(v > 0, "tp")))
     expect_error(ValueError, "to must be one of",
-                 lambda: run(lambda v: jax_ar.all_gather(v, "tp", to="reduced")))
+                 lambda: run(lambda v: jax_ar.all_gather(v, "tp", to="unreduced")))
+    expect_error(ValueError, "names an axis twice",
+                 lambda: run(lambda v: jax_ar.all_gather(v, ("tp", "tp"))))
+    grid = Mesh(mesh.devices.reshape(1, n), ("x", "y"))
+    expect_error(ValueError, "must equal the size of axes ('x', 'y') (",
+                 lambda: jax.jit(jax.shard_map(
+                     lambda v: jax_ar.reduce_scatter(v, ("x", "y"), 1), mesh=grid,
+                     in_specs=P(("x", "y")), out_specs=P(("x", "y"))))(
+                         global_array(np.ones((n * n, n + 1), np.float32), grid, P(("x", "y")))))
     expect_error(ValueError, "out of range",
                  lambda: run(lambda v: jax_ar.all_gather(v, "tp", axis=3)))
     expect_error(ValueError, "out of range",
                  lambda: run(lambda v: jax_ar.all_gather(v, "tp", axis=2, tiled=True)))
-    expect_error(TypeError, "axis_name", lambda: run(lambda v: jax_ar.all_gather(v, 0)))
+    expect_error(TypeError, "axis_name", lambda: run(lambda v: jax_ar.all_gather(v, None)))
+    # An int is a positional axis for jax.lax, which rejects it here.
+    expect_error(ValueError, "jax_ar.all_gather (served by jax.lax.all_gather)",
+                 lambda: run(lambda v: jax_ar.all_gather(v, 0)))
     expect_error(ValueError, "outside jax.shard_map",
                  lambda: jax.jit(lambda v: jax_ar.reduce_scatter(v, "tp"))(x))
     expect_error(ValueError, "outside jax.shard_map",

@@ -1,0 +1,121 @@
+"""Helpers of the "lax forms" suites: run jax_ar's collectives and jax.lax's
+on the same per-rank inputs and compare results and types.
+
+Like axes_cases.run_cases, but a case may return any pytree (scalars
+included): every leaf gets its own output block. Each run records every
+leaf's type at trace time (shape, dtype, weak type, varying axes), so
+jax_ar's types can be compared with lax's without running lax (on the GPU
+machine, where XLA's collectives cannot run). jax_ar's cases and lax's run
+in separate programs: XLA:CPU does not order XLA's collectives with jax_ar's
+calls.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from axes_cases import per_rank_blocks, rank_layout
+from common import assert_bitwise_equal, global_array
+
+ON_GPU = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu") == "gpu"
+
+
+def leaf_type(y):
+    from jax_ar import _compat
+
+    a = jax.typeof(y)
+    return (tuple(a.shape), np.dtype(a.dtype), bool(a.weak_type),
+            frozenset(_compat.varying_axes(a)))
+
+
+def run_tree_cases(mesh, cases, check_vma=True):
+    """cases: {name: (fn, [per-rank inputs of each argument])}. Returns
+    ({name: [{rank: numpy leaf}] per leaf}, {name: [leaf types]})."""
+    from jax_ar import _compat
+
+    spec, ranks = rank_layout(mesh)
+    names = list(cases)
+    flat_inputs, arity = [], []
+    for name in names:
+        fn, args = cases[name]
+        arity.append(len(args))
+        for per_rank in args:
+            assert len(per_rank) == ranks, (name, len(per_rank), ranks)
+            flat_inputs.append(np.concatenate([np.asarray(a)[None] for a in per_rank]))
+    types, counts = {}, {}
+
+    def block(y):
+        y = jnp.asarray(y)
+        missing = tuple(a for a in mesh.axis_names if a not in _compat.varying_axes(jax.typeof(y)))
+        if missing and _compat.check_vma_enabled():
+            y = _compat.pcast_to_varying(y, missing)
+        return y[None]
+
+    def body(*xs):
+        outs, i = [], 0
+        for name, k in zip(names, arity):
+            local = [x[0] for x in xs[i:i + k]]
+            i += k
+            leaves = jax.tree_util.tree_leaves(cases[name][0](*local))
+            types[name] = [leaf_type(leaf) for leaf in leaves]
+            counts[name] = len(leaves)
+            outs.extend(block(leaf) for leaf in leaves)
+        return tuple(outs)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in flat_inputs),
+                              out_specs=spec, check_vma=check_vma))
+    results = f(*[global_array(x, mesh, spec) for x in flat_inputs])
+    out, i = {}, 0
+    for name in names:
+        out[name] = [per_rank_blocks(r) for r in results[i:i + counts[name]]]
+        i += counts[name]
+    return out, types
+
+
+def lax_types(mesh, cases, check_vma=True):
+    """The leaf types of each case, traced only (nothing runs)."""
+    spec, ranks = rank_layout(mesh)
+    types = {}
+    for name, (fn, args) in cases.items():
+        shapes = [jax.ShapeDtypeStruct((ranks,) + np.shape(per_rank[0]),
+                                       np.asarray(per_rank[0]).dtype) for per_rank in args]
+
+        def body(*xs, fn=fn, name=name):
+            leaves = jax.tree_util.tree_leaves(fn(*[x[0] for x in xs]))
+            types[name] = [leaf_type(leaf) for leaf in leaves]
+            return xs[0]
+
+        jax.eval_shape(jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in shapes),
+                                     out_specs=spec, check_vma=check_vma), *shapes)
+    return types
+
+
+def compare_with_lax(mesh, cases, expected=None, check_vma=True, exact=lambda name: True):
+    """cases: {name: (ours, theirs, [per-rank inputs of each argument])}.
+    jax_ar's results must have lax's types; their values must equal
+    `expected[name]` (a list per leaf of per-rank numpy arrays) where given,
+    and on CPU lax's own bit for bit where `exact(name)` (data for which
+    every summation order agrees). Returns jax_ar's results."""
+    ours = {k: (fn, args) for k, (fn, _, args) in cases.items()}
+    theirs = {k: (fn, args) for k, (_, fn, args) in cases.items()}
+    results, types = run_tree_cases(mesh, ours, check_vma)
+    if ON_GPU:
+        want_types = lax_types(mesh, theirs, check_vma)
+        lax_results = None
+    else:
+        lax_results, want_types = run_tree_cases(mesh, theirs, check_vma)
+    for name in cases:
+        assert types[name] == want_types[name], \
+            f"{name} (check_vma={check_vma}): jax_ar gives {types[name]}, lax {want_types[name]}"
+        for i, per_rank in enumerate(results[name]):
+            for rank, got in per_rank.items():
+                what = f"{name} leaf {i} on rank {rank} (check_vma={check_vma})"
+                if expected is not None and name in expected:
+                    want = np.asarray(expected[name][i][rank]).astype(got.dtype)
+                    assert_bitwise_equal(got, want.reshape(got.shape), what)
+                if lax_results is not None and exact(name):
+                    assert_bitwise_equal(got, lax_results[name][i][rank], what + " vs lax")
+    return results
