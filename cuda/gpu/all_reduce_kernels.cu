@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   // The input does not depend on the launch number: its load is issued
   // before BeginLaunch's, so the two round trips overlap.
   int hint = 0;
-  uint4 mine = LoadPacked(a, 16 * first, hint);
+  const uint4 first_input = LoadPacked(a, 16 * first, hint);
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) {
     FillOutputs(a);
@@ -95,13 +95,15 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   // Every vector of this thread goes out before the first wait, so that a
   // thread with several vectors waits for one exchange, not one per vector.
   for (uint64_t v = first; v < vectors; v += stride) {
-    if (v != first) mine = LoadPacked(a, 16 * v, hint);
-    SendPacketPair(a, parity, a.slot_bytes, 2 * v, mine, flag);
+    const uint4 input = v == first ? first_input : LoadPacked(a, 16 * v, hint);
+    SendPacketPair(a, parity, a.slot_bytes, 2 * v, input, flag);
   }
   int header_peer = HeaderPeerOfThread(a);
   bool ok = true;
   for (uint64_t v = first; v < vectors && ok; v += stride) {
-    if (v != first) mine = LoadPacked(a, 16 * v, hint);  // from L2: this launch read it
+    // From L2 (this launch read it): an output may alias its input, and
+    // each thread reads a vector before it writes that vector's result.
+    const uint4 mine = v == first ? first_input : LoadPacked(a, 16 * v, hint);
     uint4 got[kMaxWorld];
     ok = AwaitPeerPackets(a, mailbox, a.slot_bytes, 2 * v, flag, waiter, header_peer, got);
     header_peer = -1;
