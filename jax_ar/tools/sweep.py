@@ -16,7 +16,7 @@ import uuid
 
 from . import launch
 
-__all__ = ["SweepError", "add_common_options", "common_config", "default_ranks", "format_size",
+__all__ = ["SweepError", "SweepStopped", "add_common_options", "common_config", "default_ranks", "format_size",
            "mps_running", "parse_size", "resolve_platform", "run_sweep", "shared_gpu_reason",
            "size_list"]
 
@@ -36,6 +36,15 @@ NOISY_SPREAD = 0.25  # typical sample spread above which results are flagged as 
 
 class SweepError(RuntimeError):
     pass
+
+
+class SweepStopped(SweepError):
+    """A signal (SIGTERM, SIGHUP, SIGINT) stopped the sweep's ranks."""
+
+    def __init__(self, signum: int, text: str):
+        super().__init__(text)
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 def add_common_options(p, max_bytes_help: str) -> None:
@@ -166,13 +175,18 @@ def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
             except BaseException as e:  # surfaced below
                 box["error"] = e
 
-        thread = threading.Thread(target=target, daemon=True)
-        thread.start()
-        _show_progress(thread, os.path.join(log_dir, "rank0.log"), progress_label)
-        thread.join()
+        # Signals reach this (main) thread; the launch in the other one
+        # forwards them to the ranks and returns once they have ended.
+        with launch.forwarding_signals():
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            _show_progress(thread, os.path.join(log_dir, "rank0.log"), progress_label)
+            thread.join()
         if "error" in box:
             raise box["error"]
         result = box["result"]
+        if result.signal is not None:
+            raise SweepStopped(result.signal, f"jax_ar {progress_label}: {result.summary()}")
         if not result.ok or not os.path.exists(config["out"]):
             raise SweepError(_failure_text(result))
         with open(config["out"]) as f:
@@ -180,28 +194,32 @@ def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
 
 
 def _show_progress(thread, log_path: str, label: str) -> None:
-    """Rank 0's latest progress line: redrawn in place on a terminal, else
-    printed at most every 5 s."""
+    """Rank 0's progress: on a terminal its latest line, redrawn in place;
+    otherwise (a file, a pipe) one line per case, as it starts."""
     tty = sys.stderr.isatty()
-    offset, latest, shown, last_print = 0, "", "", 0.0
-    while thread.is_alive():
-        thread.join(timeout=0.2)
+    offset, shown = 0, ""
+    while True:
+        alive = thread.is_alive()
         try:
             with open(log_path, "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
         except OSError:
-            continue
+            chunk = b""
         complete = chunk[:chunk.rfind(b"\n") + 1]
         offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            if line.startswith("@@progress "):
-                latest = _progress_text(label, line)
-        now = time.monotonic()
-        if latest != shown and (tty or now - last_print >= 5.0):
-            sys.stderr.write(f"\r\033[K{latest}" if tty else f"{latest}\n")
-            sys.stderr.flush()
-            shown, last_print = latest, now
+        lines = [_progress_text(label, line)
+                 for line in complete.decode(errors="replace").splitlines()
+                 if line.startswith("@@progress ")]
+        if tty and lines and lines[-1] != shown:
+            shown = lines[-1]
+            sys.stderr.write(f"\r\033[K{shown}")
+        elif not tty:
+            sys.stderr.writelines(f"{line}\n" for line in lines)
+        sys.stderr.flush()
+        if not alive:
+            break
+        thread.join(timeout=0.2)
     if tty and shown:
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()

@@ -179,6 +179,9 @@ def main(argv=None) -> int:
           file=sys.stderr, flush=True)
     try:
         raw = sweep.run_sweep(config, ranks, platform, ns.timeout, progress_label="tune")
+    except sweep.SweepStopped as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except sweep.SweepError as e:
         print(str(e), file=sys.stderr)
         return 1
