@@ -48,15 +48,25 @@ class SweepStopped(SweepError):
 
 
 def add_common_options(p, max_bytes_help: str) -> None:
-    """Options bench and tune share: ranks, platform, sizes, timing, workspace."""
-    p.add_argument("-n", "--ranks", type=int, default=None,
-                   help="number of ranks (default: the number of GPUs, at least 2; 2 on CPU)")
+    """Options bench and tune share: ranks, platform, sizes, timing, workspace.
+    Letters mean what they mean in nccl-tests (-b -e -f -n -w); the rank
+    count, which nccl-tests leaves to mpirun -n, is -N/--ranks."""
+    p.add_argument("-N", "--ranks", type=int, default=None,
+                   help="number of ranks, one process each (default: the number of GPUs, at "
+                        "least 2; 2 on CPU)")
     p.add_argument("--platform", choices=("auto", "cpu", "gpu"), default="auto",
                    help="auto: GPUs when nvidia-smi lists any, else CPU devices")
-    p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
+    p.add_argument("-b", "--min-bytes", default="1K",
+                   help="smallest message per rank (default 1K; K, M, G are binary)")
     p.add_argument("-e", "--max-bytes", default=None, help=max_bytes_help)
-    p.add_argument("--iters", type=int, default=None,
-                   help="calls chained in one timed program (default 20 on GPU, 10 on CPU)")
+    p.add_argument("-f", "--step-factor", type=int, default=2,
+                   help="multiply the size by this from one message to the next (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=None,
+                   help="timed calls in a row, as nccl-tests' -n: calls chained in one timed "
+                        "program (default 20 on GPU, 10 on CPU)")
+    p.add_argument("-w", "--warmup", type=int, default=None,
+                   help="untimed warm-up launches before the samples, as nccl-tests' -w "
+                        "(default 2 on GPU, 1 on CPU)")
     p.add_argument("--launches", type=int, default=None,
                    help="least program launches per timing sample (default 4 on GPU, 2 on CPU)")
     p.add_argument("--min-sample-ms", type=float, default=None,
@@ -64,8 +74,6 @@ def add_common_options(p, max_bytes_help: str) -> None:
                         "GPU, 10 on CPU)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timing samples; the median is reported (default 10 on GPU, 5 on CPU)")
-    p.add_argument("--warmup", type=int, default=None,
-                   help="untimed launches before the samples (default 2 on GPU, 1 on CPU)")
     p.add_argument("--workspace-bytes", type=parse_size, default=None,
                    help="jax_ar workspace per device (default: jax_ar.setup's)")
     p.add_argument("--timeout", type=float, default=1800.0,
@@ -75,7 +83,7 @@ def add_common_options(p, max_bytes_help: str) -> None:
 def default_ranks(ns, platform: str, gpus: int) -> int:
     ranks = ns.ranks if ns.ranks is not None else (max(2, gpus) if platform == "gpu" else 2)
     if ranks < 2:
-        raise ValueError(f"-n/--ranks must be at least 2, got {ranks}")
+        raise ValueError(f"-N/--ranks must be at least 2, got {ranks}")
     return ranks
 
 
