@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _native, config
 from .._version import __version__
-from ..errors import JaxArError
+from ..errors import JaxArError, error_for
 from .backend import Backend
 from .rendezvous import Rendezvous, machine_identity
 
@@ -35,6 +35,7 @@ DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "gpu": 64 << 20}
 
 _lock = threading.RLock()
 _open: dict[tuple, "Communicator"] = {}
+_closed: dict[tuple, "Communicator"] = {}  # the last closed one per key, for error messages
 _generations: collections.Counter = collections.Counter()
 
 
@@ -100,9 +101,9 @@ class Communicator:
             return
         for device, rank in self.local_ranks.items():
             failure = self._backend.failure(self.comm_id, device)
-            if failure:
-                raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} has "
-                                 f"failed (seen from rank {rank}, {device}): {failure}")
+            if failure:  # JaxArTimeoutError where the failure was a deadline
+                raise error_for(f"jax_ar: the communicator of axis {self.axis_name!r} has "
+                                f"failed (seen from rank {rank}, {device}): {failure}")
 
     def close(self) -> None:
         """Releases workspaces and peer mappings, after any call running on
@@ -125,6 +126,7 @@ class Communicator:
             for key, comm in list(_open.items()):
                 if comm is self:
                     del _open[key]
+                    _closed[key] = self
         for text in diverged:
             config.logger.error("jax_ar: %s", text)
         if self._backend is not None:
@@ -188,14 +190,18 @@ def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
         comm = Communicator(mesh, axis_name, platform, groups, workspace_bytes, timeout, comm_id)
         _connect(comm, agreement or (lambda comm: {}))
         _open[key] = comm
+        _closed.pop(key, None)
         return comm
 
 
-def find_communicator(axis_name, mesh_axis_names=None, mesh_shape=None) -> Communicator | None:
+def find_communicator(axis_name, mesh_axis_names=None, mesh_shape=None,
+                      closed=False) -> Communicator | None:
     """The open communicator of `axis_name`, preferring one whose mesh has the
-    given axis names and shape (the mesh of the enclosing shard_map)."""
+    given axis names and shape (the mesh of the enclosing shard_map). With
+    closed=True, the last one closed instead (None if it was set up again)."""
     with _lock:
-        candidates = [c for c in _open.values() if c.axis_name == axis_name]
+        pool = _closed if closed else _open
+        candidates = [c for c in pool.values() if c.axis_name == axis_name]
     if mesh_axis_names is not None:
         matching = [c for c in candidates
                     if tuple(c.mesh.axis_names) == tuple(mesh_axis_names)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from .. import _compat
 from ..comm.communicator import Communicator, find_communicator
+from ..errors import JaxArError
 
 __all__ = ["REDUCE_DTYPES", "as_varying", "check_axes", "check_dtype", "communicator_for"]
 
@@ -42,12 +43,19 @@ def check_dtype(what: str, leaf, supported) -> None:
 
 
 def communicator_for(axis: str, what: str) -> Communicator:
-    """The communicator set up for `axis` of the enclosing shard_map's mesh."""
+    """The communicator set up for `axis` of the enclosing shard_map's mesh.
+    Raises JaxArError where it was closed or has failed: tracing a call
+    that could only fail at run time fails now, with jax_ar's own type."""
     mesh = jax.sharding.get_abstract_mesh()
     comm = find_communicator(axis, mesh.axis_names, mesh.axis_sizes)
     if comm is None:
+        closed = find_communicator(axis, mesh.axis_names, mesh.axis_sizes, closed=True)
+        if closed is not None:
+            raise JaxArError(f"jax_ar: {what} over axis {axis!r}: its communicator was closed; "
+                             f"call jax_ar.setup(mesh, {axis!r}) again before tracing")
         raise ValueError(f"{what}: no communicator for axis {axis!r}; call "
                          f"jax_ar.setup(mesh, {axis!r}) before tracing")
+    comm.check()  # a communicator that failed stays failed until close() and setup()
     return comm
 
 
