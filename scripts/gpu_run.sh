@@ -189,9 +189,9 @@ stage_bench() {
   done
   grep -h "per call:" "$OUT/bench.log" 2>/dev/null | sed 's/^\[rank 0\] /      /' >> "$SUMMARY"
   stage_norm
-  if [ -e jax_ar/bench.py ]; then
+  if [ -e jax_ar/tools/bench.py ]; then
     local dir; dir="$(mktemp -d)"
-    step "python -m jax_ar bench (2 ranks)" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -n 2 \
+    step "python -m jax_ar bench (2 ranks)" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -N 2 \
       --timeout $(( $(step_budget) - 20 )) --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir" ${JAX_AR_BENCH_ARGS:-}
     [ -e "$dir/bench.json" ] && cp "$dir/bench.json" "$OUT/jax_ar_bench.json"
     [ -e "$dir/bench.png" ] && cp "$dir/bench.png" "$OUT/jax_ar_bench.png"
