@@ -71,7 +71,7 @@ def run_program(program, tmp_path, skipping=None, env=None):
     path.write_text(source(program, skipping))
     if is_multi_process(program):
         return launch(str(path), num_processes=2, platform="gpu" if ON_GPU else "cpu",
-                      timeout_s=300, stream=False, env=env)
+                      timeout_s=300, stream=False, env=env, log_dir=str(tmp_path / "logs"))
     proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -98,6 +98,12 @@ def test_program_runs_as_printed(index, tmp_path):
             for rank in range(2):
                 assert f"process {rank}: all_reduce == psum" in result.logs[rank], \
                     format_failure(result)
+        # A normal run ends quietly: jax.distributed is shut down in order, so
+        # neither gRPC nor absl has anything to say, even in the raw output.
+        for rank in range(2):
+            raw = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+            for noise in ("WatchTasksAsync", "Check failure", "Connection refused"):
+                assert noise not in raw, raw
 
 
 def test_error_example_catches_a_peer_that_skips_its_call(tmp_path):

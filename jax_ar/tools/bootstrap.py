@@ -72,6 +72,16 @@ def report_failure(error: BaseException, failed_at: float | None = None) -> None
         pass
 
 
+def _tell_launcher(what: str) -> None:
+    status_dir = os.environ.get("JAX_AR_LAUNCH_STATUS_DIR")
+    if status_dir:
+        try:
+            open(os.path.join(status_dir, f"rank{os.environ.get('JAX_AR_PROCESS_ID', '0')}."
+                                          f"{what}"), "w").close()
+        except OSError:
+            pass
+
+
 def _fail_if_calls_were_skipped() -> None:
     """A script that ends while a peer waits in a call it never made has
     diverged from its peers (it skipped a call, or they made an extra one):
@@ -140,6 +150,7 @@ def main() -> None:
         sys.exit("usage: python -m jax_ar.tools.bootstrap (SCRIPT | -m MODULE) [ARGS...]")
     _die_with_launcher()
     _catch_stop_signals()
+    _tell_launcher("ready")  # from now on a stop signal ends this rank in order
     module = sys.argv[2] if sys.argv[1] == "-m" else None
     script = None if module else sys.argv[1]
     sys.argv = sys.argv[2:] if module else sys.argv[1:]  # run_module sets argv[0]

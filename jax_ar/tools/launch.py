@@ -301,6 +301,8 @@ def _launch(scope, script, module, args, num_processes, cpu_devices, platform, t
                 thread.start()
                 threads.append(thread)
         _supervise(job, procs, logs, status_dir, timeout_s, grace_s, print_lock, stream, watch)
+        if watch.signal is None and job.stop_signum is not None:
+            watch.signal = job.stop_signum  # it came as the last ranks ended: still obeyed
     finally:
         _kill_all(procs)
         shutil.rmtree(status_dir, ignore_errors=True)
@@ -371,7 +373,7 @@ def _supervise(job, procs, logs, status_dir, timeout_s, grace_s, print_lock, str
 
     while True:
         if job.stop_signum is not None:
-            return _stop(job, procs, watch)
+            return _stop(job, procs, watch, status_dir)
         _collect_failures(procs, status_dir, watch)
         if len(procs) == len(logs) and all(r in watch.exited_at for r in range(len(procs))):
             _collect_failures(procs, status_dir, watch)
@@ -403,20 +405,22 @@ def _supervise(job, procs, logs, status_dir, timeout_s, grace_s, print_lock, str
             if watch.stopped:
                 pause(1.0)  # time for the stack dumps
             if job.stop_signum is not None:
-                return _stop(job, procs, watch)
+                return _stop(job, procs, watch, status_dir)
             watch.ended_by_launcher = True
             _kill_all(procs)
             return
         pause(POLL_S)
 
 
-def _stop(job, procs, watch):
+def _stop(job, procs, watch, status_dir):
     """Forwards the job's stop signal to every rank still running, waits up
-    to STOP_GRACE_S (less after a second signal), kills what is left."""
+    to STOP_GRACE_S (less after a second signal), kills what is left. A rank
+    still starting (bootstrap.py has not said "ready") holds nothing yet and
+    would only print a traceback of the import it was in: it is killed."""
     watch.signal = job.stop_signum
-    for p in procs:
-        if p.returncode is None:
-            _signal_group(p, job.stop_signum)
+    for rank, p in enumerate(procs):
+        ready = os.path.exists(os.path.join(status_dir, f"rank{rank}.ready"))
+        _signal_group(p, job.stop_signum if ready else signal.SIGKILL)
     end = time.monotonic() + STOP_GRACE_S
     while time.monotonic() < end and not job.hurry and \
             any(p.returncode is None for p in procs):
@@ -537,7 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                         help="seconds the other ranks may run on after one fails before they "
                              "are killed (default: 5 on CPU, JAX_AR_TIMEOUT_S + 5 on GPU)")
-    parser.add_argument("--log-dir", default=None, help="write rank<i>.log files here")
+    parser.add_argument("--log-dir", default=None,
+                        help="also write each rank's output, as printed (the chatter the "
+                             "stream drops included), to rank<i>.log here")
     parser.add_argument("--quiet", action="store_true", help="do not stream rank output")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                         help="run library module MODULE as a script, as python -m does "

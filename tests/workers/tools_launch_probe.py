@@ -8,6 +8,8 @@ loop     every rank prints "looping" and sleeps (until stopped)
 fail_others_loop  the target exits 3; the others sleep (until stopped)
 die_in_call  every rank sets up jax_ar; the target SIGKILLs itself while the
          others wait for it in an all_reduce (which then fails)
+noise    every rank prints lines the launcher drops (gloo's connections, what
+         gRPC and absl print at a peer's exit) around one line of its own
 """
 import os
 import signal
@@ -24,6 +26,14 @@ if mode == "loop" or (mode == "fail_others_loop" and me != target):
     print("looping", flush=True)
     while True:
         time.sleep(0.1)
+if mode == "noise":
+    print(f"[Gloo] Rank {me} is connected to 1 peer ranks. Expected number of connected peer "
+          "ranks is : 1", flush=True)
+    print("my own line", flush=True)
+    print("E1201 10:00:00.000000 1 coordination_service_agent.cc:1] WatchTasksAsync failed: "
+          "UNAVAILABLE: Connection refused", flush=True)
+    print("*** Check failure stack trace: ***", flush=True)
+    print("    @     0x7f0000000000  (unknown)", flush=True)
 if me == target:
     if mode in ("fail", "fail_others_loop"):
         print("failing on purpose", flush=True)
