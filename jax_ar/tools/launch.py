@@ -15,7 +15,8 @@ failed at once, even though jax.distributed's shutdown may hold its process
 until every peer exits. The first failure is the one that happened first:
 a rank's exit is timed when it happens, a raised error when the rank caught
 it, so a rank killed from outside is named before the peer whose call then
-failed, however late the launcher looks.
+failed, however late the launcher looks (and however late, on a busy
+machine, it hears of the kill: see KILL_SLACK_S).
 
 SIGTERM, SIGHUP and SIGINT (Ctrl-C) that reach the launcher are forwarded
 to every rank (each runs in a session of its own, so a terminal's signals
@@ -48,6 +49,7 @@ __all__ = ["LaunchResult", "STOP_GRACE_S", "STOP_SIGNALS", "forwarding_signals",
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 STOP_GRACE_S = 3.0  # how long ranks may take to end after a forwarded signal
 POLL_S = 0.05  # how often the launcher looks at the ranks
+KILL_SLACK_S = 0.5  # see _collect_failures
 
 # Lines no user needs: gloo's report of each connection it made (psum on CPU),
 # and what gRPC and absl print when a process of jax.distributed goes away
@@ -447,7 +449,16 @@ def _collect_failures(procs, status_dir, watch):
             # the peer's exit; either way the earlier event counts.
             watch.failed_at[rank] = min(when, watch.exited_at.get(rank, when))
         elif rank in watch.exited_at and proc.returncode != 0:
-            watch.failed_at[rank] = watch.exited_at[rank]
+            when = watch.exited_at[rank]
+            if proc.returncode < 0 and -proc.returncode != signal.SIGABRT:
+                # Killed from outside (SIGKILL, ...): its peers, spinning on
+                # it, see it within milliseconds, while this process, on a
+                # busy machine, may hear of it later; a peer's report less
+                # than KILL_SLACK_S before the exit is taken as its effect.
+                # (JAX ends processes whose coordinator died with SIGABRT:
+                # those were not first.)
+                when -= KILL_SLACK_S
+            watch.failed_at[rank] = when
 
 
 def _describe_failure(rank, rc, watch) -> str:
