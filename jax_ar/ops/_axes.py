@@ -51,7 +51,7 @@ def communicator_for(axis: str, what: str) -> Communicator:
     if comm is None:
         closed = find_communicator(axis, mesh.axis_names, mesh.axis_sizes, closed=True)
         if closed is not None:
-            raise JaxArError(f"jax_ar: {what} over axis {axis!r}: its communicator was closed; "
+            raise JaxArError(f"{what} over axis {axis!r}: its communicator was closed; "
                              f"call jax_ar.setup(mesh, {axis!r}) again before tracing")
         raise ValueError(f"{what}: no communicator for axis {axis!r}; call "
                          f"jax_ar.setup(mesh, {axis!r}) before tracing")
