@@ -32,8 +32,8 @@ def checked(*comms: Communicator):
     raises (the communicator's recorded failure, naming the rank and the
     peer), or one with XLA's message where no communicator recorded one;
     the original is its __cause__. When the block ends normally, each
-    communicator is checked (`comm.check()`), which is where failures of
-    GPU kernels show. Without arguments: every open communicator. Other
+    communicator still open is checked (`comm.check()`), which is where
+    failures of GPU kernels show. Without arguments: every open communicator. Other
     exceptions pass unchanged. Dispatch is asynchronous: block on the
     results (jax.block_until_ready, or reading them) inside the block."""
     for comm in comms:
@@ -48,7 +48,8 @@ def checked(*comms: Communicator):
             raise
         raise _recorded_failure(comms) or error_for(text) from error
     for comm in comms or open_communicators():
-        comm.check()
+        if not comm.closed:  # closed inside the block: nothing left to fail
+            comm.check()
 
 
 def _recorded_failure(comms) -> JaxArError | None:
