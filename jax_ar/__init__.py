@@ -7,6 +7,7 @@ import pkgutil as _pkgutil
 # the compiled modules be found in the installed copy.
 __path__ = _pkgutil.extend_path(__path__, __name__)
 
+from ._checked import checked  # noqa: E402
 from ._collectives import all_gather, all_reduce, reduce_scatter  # noqa: E402
 from ._norms import all_reduce_rms_norm, rms_norm  # noqa: E402
 from ._setup import setup  # noqa: E402
@@ -21,6 +22,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_reduce_rms_norm",
+    "checked",
     "reduce_scatter",
     "rms_norm",
     "setup",

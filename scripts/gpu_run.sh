@@ -212,12 +212,12 @@ stage_bench() {
   step "benchmarks/rms_norm_bench.py --fused, 2 ranks" "$OUT/bench.log" $(launcher 2) \
     benchmarks/rms_norm_bench.py --fused --json "$OUT/rms_norm_bench_fused.json"
   local dir; dir="$(mktemp -d)"
-  step "python -m jax_ar bench, 2 ranks" "$OUT/bench.log" "$PYTHON" -m jax_ar bench --ranks 2 \
+  step "python -m jax_ar bench, 2 ranks" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -N 2 \
     --timeout $(( $(left) - 20 )) --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir/ar" \
     && cp "$dir/ar/bench.json" "$OUT/jax_ar_bench.json" 2>/dev/null
   for n in 2 4; do
     step "python -m jax_ar bench --op rms_norm, $n ranks" "$OUT/bench.log" "$PYTHON" -m jax_ar bench \
-      --ranks "$n" --timeout $(( $(left) - 20 )) --platform gpu --op rms_norm -d bfloat16 \
+      -N "$n" --timeout $(( $(left) - 20 )) --platform gpu --op rms_norm -d bfloat16 \
       -b 8K -e 256M --out-dir "$dir/norm$n" \
       && cp "$dir/norm$n/bench.json" "$OUT/jax_ar_bench_rms_norm_$n.json" 2>/dev/null
   done

@@ -76,6 +76,13 @@ def test_rank_that_skips_its_last_call_and_ends():
         assert took < 30, f"the job took {took:.1f} s"
 
 
+def test_failures_are_caught_as_jax_ar_errors():
+    """jax_ar.checked() and trace-time checks give JaxArError (README,
+    docs/guarantees.md: what is raised where)."""
+    result = run_fault("catchable")
+    assert_ranks_checked(result, "catchable", range(2))
+
+
 def test_disagreeing_setups():
     result = run_fault("setup_disagree")
     assert_ranks_checked(result, "setup_disagree", range(2))

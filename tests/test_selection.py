@@ -198,3 +198,22 @@ def test_overrides_and_logging():
     if ON_GPU:
         pytest.skip("the tracing checks run on CPU devices")
     run_ranks("selection_auto.py", processes=1, devices_per_process=2, timeout_s=300)
+
+
+@pytest.mark.parametrize("world,picks", [
+    # What `python -m jax_ar bench` measured fastest on the 2-core VM
+    # (docs/benchmarks.md, 2026-12-01): by the median, over 10 runs, of each
+    # run's ratio of the candidates' times at that size.
+    (2, {"oneshot": (1 << 10, 4 << 10), "twoshot": (8 << 10, 2 << 20),
+         "psum": (8 << 20, 8 << 20)}),
+    (4, {"oneshot": (1 << 10, 32 << 10), "twoshot": (64 << 10, 1 << 20),
+         "psum": (2 << 20, 8 << 20)}),
+])
+def test_cpu_defaults_pick_what_was_measured_fastest(world, picks):
+    capacity = capacity_of(world, workspace=8 << 20, platform="cpu")  # the CPU default
+    for algorithm, (low, high) in picks.items():
+        size = low
+        while size <= high:
+            got = selection.choose_algorithm("cpu", world, size, capacity_bytes=capacity)
+            assert got == algorithm, (world, size, got)
+            size *= 2

@@ -74,7 +74,7 @@ def run_cli(*args, timeout=300):
 
 def test_bench_short_sweep(tmp_path):
     out = tmp_path / "out"
-    proc = run_cli("bench", *PLATFORM, "-n", "2", "-b", "1K", "-e", "2K",
+    proc = run_cli("bench", *PLATFORM, "-N", "2", "-b", "1K", "-e", "2K",
                    "-d", "float32,bfloat16", "-o", "sum,max", "--repeats", "3",
                    "--min-sample-ms", "2", "--out-dir", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -112,7 +112,7 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
         assert info.value.code == 2
         assert "needs jax_ar.all_reduce_rms_norm" in capsys.readouterr().err
         return
-    proc = run_cli("bench", *PLATFORM, "-n", "2", "--op", "rms_norm", "-b", "8K", "-e", "16K",
+    proc = run_cli("bench", *PLATFORM, "-N", "2", "--op", "rms_norm", "-b", "8K", "-e", "16K",
                    "--hidden", "1024", "-d", "bfloat16", "--repeats", "3", "--min-sample-ms",
                    "2", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -126,7 +126,9 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
     (["-a", "nccl"], "--algorithms: nccl"),
     (["-b", "1K", "-e", "512"], "min-bytes <= max-bytes"),
     (["-b", "lots"], "not a size"),
-    (["-n", "1"], "at least 2"),
+    (["-N", "1"], "at least 2"),
+    (["-n", "0"], "--iters must be at least 1"),
+    (["-c", "2"], "invalid choice: 2"),
     (["--repeats", "0"], "--repeats must be at least 1"),
 ])
 def test_bench_rejects_bad_options(args, message, capsys):
@@ -139,7 +141,7 @@ def test_bench_rejects_bad_options(args, message, capsys):
 
 def test_tune_writes_a_table_later_runs_accept(tmp_path):
     path = tmp_path / "table.json"
-    proc = run_cli("tune", *PLATFORM, "-n", "2", "-b", "1K", "-e", "4K", "--repeats", "3",
+    proc = run_cli("tune", *PLATFORM, "-N", "2", "-b", "1K", "-e", "4K", "--repeats", "3",
                    "--min-sample-ms", "2", "--out", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"# wrote {path}" in proc.stdout
@@ -157,7 +159,7 @@ def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):
     from jax_ar.tools import bench, sweep as _sweep
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent")
-    ns = bench.build_parser().parse_args(["-n", "2", "-e", "64M", "--xla-oneshot"])
+    ns = bench.build_parser().parse_args(["-N", "2", "-e", "64M", "--xla-oneshot"])
     config = bench.plan(ns, "gpu", 1)
     assert "CUDA MPS" in capsys.readouterr().err
     assert config["ranks"] == 2 and config["iters"] == 20
@@ -168,4 +170,72 @@ def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):
     assert {c["algorithm"] for c in config["cases"]} == {"oneshot", "twoshot", "psum",
                                                         "xla_oneshot"}
     # One GPU per rank: psum runs.
-    assert bench.plan(bench.build_parser().parse_args(["-n", "8"]), "gpu", 8)["unavailable"] == {}
+    assert bench.plan(bench.build_parser().parse_args(["-N", "8"]), "gpu", 8)["unavailable"] == {}
+
+
+def test_bench_nccl_tests_flags_and_a_new_folder_per_run(tmp_path):
+    """-n iterations, -w warm-up, -c 0 (no check), -G accepted with a note;
+    without --out-dir each run writes a new bench_results/<date>-<time>/."""
+    env = dict(os.environ, JAX_AR_TIMEOUT_S="60")
+    cmd = [sys.executable, "-m", "jax_ar", "bench", *PLATFORM, "-N", "2", "-b", "1K", "-e", "1K",
+           "-a", "oneshot,auto", "-n", "3", "-w", "0", "-c", "0", "-G", "5", "--repeats", "2",
+           "--min-sample-ms", "1", "--no-plot"]
+    runs = [subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env=env) for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "-G 5 is ignored" in proc.stderr
+        assert "results not checked (-c 0)" in proc.stdout
+    folders = sorted(p for p in (tmp_path / "bench_results").iterdir())
+    assert len(folders) == 2, folders
+    for folder, proc in zip(folders, runs):
+        assert f"# wrote {os.path.join('bench_results', folder.name, 'bench.json')}" in proc.stdout
+        doc = json.loads((folder / "bench.json").read_text())
+        assert doc["method"]["iters"] == 3 and doc["method"]["warmup"] == 0
+        assert all(r["wrong"] is None and r["chain"] == 3 for r in doc["results"])
+        # the row of what auto picks is marked, and auto ran that algorithm
+        pick = doc["selection"]["picks"]["1024"]
+        assert pick in ("oneshot", "twoshot", "psum")
+
+
+def test_star_marks_what_auto_runs_never_an_unavailable_row():
+    from jax_ar.tools import bench
+
+    def row(algorithm, status="ok"):
+        ok = status == "ok"
+        return {"dtype": "float32", "op": "sum", "bytes": 1024, "count": 256,
+                "algorithm": algorithm, "status": status, "time_us": 5.0 if ok else None,
+                "algbw_gbps": 0.2 if ok else None, "busbw_gbps": 0.2 if ok else None,
+                "wrong": 0, "speedup_vs_psum": None, "samples": [5.0] if ok else []}
+
+    doc = {"date": "2026-12-01", "ranks": 17, "gpus": 0,
+           "machine": {"platform": "cpu", "device_kind": "cpu", "world_size": 17, "cpu": "x",
+                       "cpu_count": 2, "host": "h", "jax": "0", "jax_ar": "0",
+                       "workspace_bytes": 8 << 20},
+           "method": {"iters": 10, "launches": 2, "min_sample_s": 0.01, "repeats": 5,
+                      "warmup": 1},
+           "selection": {"table": "defaults", "picks": {"1024": "oneshot"}},
+           "results": [row("oneshot", "n/a: jax_ar falls back to psum here"), row("psum")]}
+    text = bench.format_table(doc)
+    assert "oneshot*" not in text, text
+    doc["selection"]["picks"]["1024"] = "psum"
+    assert "psum*" in bench.format_table(doc)
+
+
+def test_cli_without_a_command_exits_2_with_a_hint():
+    proc = subprocess.run([sys.executable, "-m", "jax_ar"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "python -m jax_ar bench" in proc.stderr
+    version = subprocess.run([sys.executable, "-m", "jax_ar", "--version"], capture_output=True,
+                             text=True, timeout=120)
+    assert version.returncode == 0 and version.stdout.startswith(f"jax_ar {VERSION} (jax ")
+
+
+@pytest.mark.parametrize("command", ["bench", "tune", "launch"])
+def test_every_option_has_help(command):
+    import importlib
+
+    module = importlib.import_module(f"jax_ar.tools.{command}")
+    parser = module.build_parser()
+    missing = [a.dest for a in parser._actions if not a.help]
+    assert not missing, f"{command}: no help for {missing}"

@@ -1,9 +1,17 @@
-"""python -m jax_ar launch: ranks joined by jax.distributed, failures named,
-deadlines enforced."""
+"""python -m jax_ar launch: ranks joined by jax.distributed, failures named
+(the first to fail first), deadlines enforced, signals forwarded and no rank
+left behind, -m MODULE."""
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 
+import pytest
+
+from jax_ar.tools import launch as launch_module
 from jax_ar.tools.launch import launch
 
 from harness import WORKERS, runs_on
@@ -50,3 +58,194 @@ def test_command_line_exit_code_and_prefixed_output():
     assert proc.returncode == 3
     assert "[rank 0] failing on purpose" in proc.stdout
     assert "rank 0 failed (exit code 3)" in proc.stderr
+
+
+def test_collectives_chatter_and_exit_noise_are_dropped_but_logged(tmp_path):
+    result = launch(PROBE, ["noise", "-1"], num_processes=2, platform="cpu", timeout_s=120,
+                    stream=False, log_dir=str(tmp_path))
+    assert result.ok, result.summary()
+    for rank, log in enumerate(result.logs):
+        assert "my own line" in log
+        for noise in ("[Gloo]", "WatchTasksAsync", "Check failure", "0x7f0000000000"):
+            assert noise not in log, log
+        kept = (tmp_path / f"rank{rank}.log").read_text()  # --log-dir keeps everything
+        assert "[Gloo]" in kept and "WatchTasksAsync" in kept
+
+
+def test_module_runs_like_python_dash_m():
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--platform",
+                           "cpu", "-m", "tools_launch_probe", "fail", "1"], cwd=WORKERS,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "[rank 0] rank 0 of 2" in proc.stdout and "[rank 1] failing on purpose" in proc.stdout
+    missing = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-m", "no_such_module"],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no module named 'no_such_module'" in missing.stderr
+
+
+def test_a_rank_killed_from_outside_is_the_first_to_fail(monkeypatch):
+    """Rank 1 is SIGKILLed while rank 0 waits for it in an all_reduce, whose
+    error rank 0 reports milliseconds later. With the launcher looking only
+    every 1.5 s, both are seen at once: the order comes from when each
+    happened, not from which rank the launcher looked at first."""
+    monkeypatch.setattr(launch_module, "POLL_S", 1.5)
+    result = launch(PROBE, ["die_in_call", "1"], num_processes=2, platform="cpu",
+                    timeout_s=120, stream=False, env=dict(os.environ, JAX_AR_TIMEOUT_S="30"))
+    assert result.first_failed_rank == 1, result.summary()
+    assert result.summary().startswith("rank 1 failed (killed by SIGKILL), the first to fail; "
+                                       "rank 0 failed (raised "), result.summary()
+    assert "jax_ar" in dict(result.failures)[0]
+
+
+# Signals: every process of the job carries JOB_ENV in its environment, so
+# /proc tells whether any is left.
+
+JOB_ENV = "JAX_AR_TEST_JOB"
+
+
+def job_processes(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds JOB_ENV=marker."""
+    found, needle = [], f"{JOB_ENV}={marker}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                    continue
+        except OSError:
+            continue
+        found.append(int(name))
+    return found
+
+
+def wait_for(predicate, timeout_s, what):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Job:
+    """`python -m jax_ar launch ... PROBE args` in the background."""
+
+    def __init__(self, *args, grace=None):
+        self.marker = uuid.uuid4().hex
+        cmd = [sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--platform", "cpu",
+               *(["--grace", str(grace)] if grace else []), PROBE, *args]
+        self.proc = subprocess.Popen(cmd, env=dict(os.environ, **{JOB_ENV: self.marker}),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.out, self.err = [], []
+        self.readers = [threading.Thread(target=lambda s=s, d=d: d.extend(s), daemon=True)
+                        for s, d in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for r in self.readers:
+            r.start()
+
+    def printed(self, text: str, times: int = 1) -> bool:
+        return sum(text in line for line in list(self.out)) >= times
+
+    def ranks(self) -> list[int]:
+        return [p for p in job_processes(self.marker) if p != self.proc.pid]
+
+    def finish(self, timeout_s=30):
+        try:
+            rc = self.proc.wait(timeout=timeout_s)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            for r in self.readers:
+                r.join(timeout=10)
+        return rc
+
+    def cleanup(self):
+        for pid in job_processes(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.mark.parametrize("signum,moment", [
+    (signal.SIGTERM, "startup"),
+    (signal.SIGTERM, "run"),
+    (signal.SIGHUP, "run"),
+    (signal.SIGINT, "run"),
+    (signal.SIGINT, "grace"),
+])
+def test_signal_is_forwarded_and_no_rank_outlives_the_launcher(signum, moment):
+    name = signal.Signals(signum).name
+    job = Job("fail_others_loop" if moment == "grace" else "loop", "1",
+              grace=60 if moment == "grace" else None)
+    try:
+        if moment == "startup":  # a rank's process exists; it is still importing jax
+            wait_for(lambda: job.ranks(), 60, "a rank process")
+        elif moment == "run":
+            wait_for(lambda: job.printed("looping", 2), 60, "both ranks looping")
+        else:  # rank 1 failed; rank 0 runs on in the launcher's (60 s) grace
+            wait_for(lambda: job.printed("looping") and job.printed("failing on purpose"), 60,
+                     "rank 1's failure")
+            time.sleep(0.5)
+        start = time.monotonic()
+        job.proc.send_signal(signum)
+        rc = job.finish()
+        took = time.monotonic() - start
+        err = "".join(job.err)
+        assert rc == 128 + signum, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("jax_ar launch: ") and f"stopped by {name}" in last, err
+        assert "Traceback" not in err + "".join(job.out), err + "".join(job.out)
+        if moment == "grace":
+            assert "rank 1 failed (exit code 3)" in last, err
+        assert took < launch_module.STOP_GRACE_S + 5, f"the launcher took {took:.1f} s"
+        # No process of the job is left (killed ones may take a moment to go).
+        wait_for(lambda: not job.ranks(), 5, f"the ranks to end; left: {job.ranks()}")
+    finally:
+        job.cleanup()
+
+
+def test_ranks_die_with_a_launcher_killed_outright():
+    job = Job("loop", "-1")
+    try:
+        wait_for(lambda: job.printed("looping", 2), 60, "both ranks looping")
+        job.proc.kill()
+        job.finish()
+        wait_for(lambda: not job_processes(job.marker), 5, "the ranks to die with the launcher")
+    finally:
+        job.cleanup()
+
+
+def test_ctrl_c_in_a_program_that_calls_launch():
+    """launch() called in the main thread forwards the signal, ends every
+    rank, and then raises KeyboardInterrupt in its caller."""
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **{JOB_ENV: marker})
+    log_dir = f"/tmp/jax_ar_test_launch_{marker}"
+
+    def interrupt_when_looping():
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                if sum("looping" in open(f"{log_dir}/rank{r}.log").read() for r in (0, 1)) == 2:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_when_looping, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch(PROBE, ["loop", "-1"], num_processes=2, platform="cpu", timeout_s=120,
+                   stream=False, env=env, log_dir=log_dir)
+        assert not job_processes(marker)
+    finally:
+        thread.join(timeout=70)
+        for pid in job_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+        subprocess.run(["rm", "-rf", log_dir])

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import _native, config
 from .._version import __version__
-from ..errors import JaxArError
+from ..errors import JaxArError, error_for
 from .backend import Backend
 from .rendezvous import Rendezvous, machine_identity
 
@@ -39,6 +39,7 @@ DEFAULT_WORKSPACE_BYTES = {"cpu": 8 << 20, "gpu": 64 << 20}
 
 _lock = threading.RLock()
 _open: dict[tuple, "Communicator"] = {}
+_closed: dict[tuple, "Communicator"] = {}  # the last closed one per key, for error messages
 _generations: collections.Counter = collections.Counter()
 
 
@@ -114,9 +115,9 @@ class Communicator:
             return
         for device, rank in self.local_ranks.items():
             failure = self._backend.failure(self.comm_id, device)
-            if failure:
-                raise JaxArError(f"jax_ar: the communicator of axis {self.axis_name!r} has "
-                                 f"failed (seen from rank {rank}, {device}): {failure}")
+            if failure:  # JaxArTimeoutError where the failure was a deadline
+                raise error_for(f"jax_ar: the communicator of axis {self.axis_name!r} has "
+                                f"failed (seen from rank {rank}, {device}): {failure}")
 
     def close(self) -> None:
         """Releases workspaces and peer mappings, after any call running on
@@ -139,6 +140,7 @@ class Communicator:
             for key, comm in list(_open.items()):
                 if comm is self:
                     del _open[key]
+                    _closed[key] = self
         for text in diverged:
             config.logger.error("jax_ar: %s", text)
         if self._backend is not None:
@@ -203,6 +205,7 @@ def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
         comm = Communicator(mesh, axis_name, platform, groups, workspace_bytes, timeout, comm_id)
         _connect(comm, agreement or (lambda comm: {}))
         _open[key] = comm
+        _closed.pop(key, None)
         return comm
 
 
@@ -228,14 +231,17 @@ def describe_groups(groups, limit: int = 4) -> str:
     return f"{ids[:limit]}{more}"
 
 
-def find_communicator(axis_name, groups) -> Communicator | None:
+def find_communicator(axis_name, groups, closed=False) -> Communicator | None:
     """The open communicator of `axis_name` that holds every one of `groups`
     (the device groups of the call's axis, each in rank order), or None.
     One whose groups are exactly these comes first; among several, the one
     set up last. The choice depends only on the devices and the order of
-    setups, so every rank of a group makes the same one."""
+    setups, so every rank of a group makes the same one. With closed=True,
+    the last closed one that held them (and was not set up again), for
+    error messages."""
     with _lock:
-        candidates = [c for c in _open.values() if c.axis_name == axis_name and c.holds(groups)]
+        pool = _closed if closed else _open
+        candidates = [c for c in pool.values() if c.axis_name == axis_name and c.holds(groups)]
     wanted = set(group_ids(groups))
     exact = [c for c in candidates if set(c.group_ids) == wanted]
     candidates = exact or candidates

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from .. import _compat, config
 from ..comm.communicator import (Communicator, communicator_by_id, describe_groups,
                                  find_communicator, mesh_groups, open_communicators)
+from ..errors import JaxArError
 
 __all__ = ["REDUCE_DTYPES", "Axes", "as_varying", "check_dtype", "classify_axes",
            "communicator_for", "lookup", "lowered_comm_id", "normalize_axes",
@@ -168,7 +169,14 @@ def communicator_for(axis, what: str) -> Communicator | None:
                         f"{unknown_devices_reason(axis)}")
         return None
     if found.comm is None:
+        if find_communicator(axis, found.groups, closed=True) is not None:
+            # Tracing a call that could only fail at run time fails now,
+            # with jax_ar's own type.
+            raise JaxArError(f"{what} over axis {axis!r}: the communicator of its devices "
+                             f"{describe_groups(found.groups)} was closed; call "
+                             f"jax_ar.setup(mesh, {axis!r}) again before tracing")
         raise ValueError(no_communicator_message(what, axis, found.groups))
+    found.comm.check()  # a communicator that failed stays failed until close() and setup()
     return found.comm
 
 

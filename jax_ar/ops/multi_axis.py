@@ -193,6 +193,7 @@ def _inner_axis(axes, what):
     # The largest group keeps the most traffic inside the host; on a tie the
     # later axis wins (meshes put the intra-host axis last).
     axis, comm = max(reversed(serving), key=lambda ac: ac[1].world_size)
+    comm.check()  # JaxArError now for a communicator that has failed
     return axis, comm, None
 
 

@@ -25,15 +25,29 @@ def _gpu_defaults(n: int) -> dict:
 
 
 # CPU devices: ranks are processes copying through POSIX shared memory; psum
-# goes through gloo over localhost TCP and never wins. Set from
-# `python -m jax_ar bench` runs of 2 ranks on a 2-core x86 VM
-# (docs/benchmarks.md); the growth with the world size is a guess.
+# goes through gloo over localhost TCP. Fitted to `python -m jax_ar bench`
+# (float32 sum, 1K-1M, plus -b 2M -e 8M) at 2 and 4 ranks on the project's
+# 2-core VM, 10 runs each, 2026-12-01 (docs/benchmarks.md): (latency us,
+# us/MB) per round at 2 and at 4 ranks. The slopes come from the large
+# sizes; the latencies put the one-shot/two-shot crossover where the median
+# ratio of the two within a run changes side (between 4K and 8K at 2 ranks,
+# at 32K-64K at 4), and psum's line is fitted from 1M to 8M, where it wins
+# once two-shot needs several rounds of the 8 MiB workspace. That machine
+# was shared (load average 6-8 on 2 cores): spinning ranks lose their core
+# more often than gloo's blocking ones, so an idle machine favours jax_ar's
+# kernels more. Other world sizes follow the straight line through the two
+# (a guess beyond 4).
+_CPU_FIT = {
+    "oneshot": ((50.0, 3480.0), (540.0, 14250.0)),
+    "twoshot": ((57.0, 2340.0), (963.0, 5229.0)),
+    "psum": ((1430.0, 1961.0), (6500.0, 2550.0)),
+}
+
+
 def _cpu_defaults(n: int) -> dict:
-    return {
-        "oneshot": CostCurve.linear(10.0 + 5.0 * n, 450.0 * n),
-        "twoshot": CostCurve.linear(15.0 + 5.0 * n, 350.0 * n),
-        "psum": CostCurve.linear(250.0 + 100.0 * n, 600.0 * n),
-    }
+    t = (n - 2) / 2  # 0 at 2 ranks, 1 at 4
+    return {a: CostCurve.linear(l2 + (l4 - l2) * t, b2 + (b4 - b2) * t)
+            for a, ((l2, b2), (l4, b4)) in _CPU_FIT.items()}
 
 
 _DEFAULTS = {"cpu": (_cpu_defaults, "CPU shared memory"),

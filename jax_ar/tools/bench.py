@@ -32,27 +32,46 @@ def build_parser(prog="python -m jax_ar bench") -> argparse.ArgumentParser:
         prog=prog, description="Sweep message sizes and time jax_ar.all_reduce's algorithms "
         "against psum (nccl-tests style). Runs on GPUs when nvidia-smi lists any, else on "
         "CPU devices.")
-    sweep.add_common_options(p, "largest message (default 256M on GPU, 1M on CPU)")
-    p.add_argument("-f", "--step-factor", type=int, default=2, help="size multiplier (default 2)")
+    sweep.add_common_options(p, "largest message per rank (default 256M on GPU, 1M on CPU)")
     p.add_argument("-d", "--dtype", default="float32",
                    help=f"comma-separated, or 'all': {', '.join(DTYPES)} (default float32)")
     p.add_argument("-o", "--op", default="sum",
                    help="comma-separated sum,avg,max,min or 'all'; or rms_norm to time the "
                         "fused all_reduce_rms_norm against all_reduce + norm and psum + norm")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
+                   help="1: compare every result with a host reference, bit for bit "
+                        "(#wrong); 0: do not (default 1)")
+    p.add_argument("-G", "--cuda-graph", type=int, default=0, metavar="N",
+                   help="accepted for nccl-tests' sake and ignored: XLA itself captures "
+                        "jax_ar's calls in CUDA graphs (command buffers) and replays them")
     p.add_argument("-a", "--algorithms", default=None,
                    help=f"comma-separated from {', '.join(ALL_REDUCE_ALGORITHMS)} "
-                        "(default oneshot,twoshot,psum); auto is what algorithm='auto' picks; "
-                        "xla_oneshot is psum compiled with XLA's one-shot kernel (GPU)")
+                        "(default oneshot,twoshot,psum; with --op rms_norm from "
+                        f"{', '.join(RMS_NORM_VARIANTS)}); auto is what algorithm='auto' "
+                        "picks; xla_oneshot is psum compiled with XLA's one-shot kernel (GPU)")
     p.add_argument("--xla-oneshot", action="store_true",
                    help="also time xla_oneshot (GPU only)")
     p.add_argument("--hidden", type=int, default=4096,
                    help="hidden size of rms_norm messages (default 4096)")
-    p.add_argument("--eps", type=float, default=1e-6, help="rms_norm epsilon")
-    p.add_argument("--out-dir", default="bench_results",
-                   help="where bench.json and bench.png go (default ./bench_results)")
+    p.add_argument("--eps", type=float, default=1e-6, help="rms_norm epsilon (default 1e-6)")
+    p.add_argument("--out-dir", default=None,
+                   help="where bench.json and bench.png go (default: a new folder "
+                        "bench_results/<date>-<time>/ per run)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the benchmark data (default 0; every seed gives exact results)")
     return p
+
+
+def new_out_dir(root: str = "bench_results") -> str:
+    """root/<date>-<time>/ (a suffix where that exists): a run never
+    overwrites an earlier one's files."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path, n = os.path.join(root, stamp), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(root, f"{stamp}-{n}")
+    return path
 
 
 def _split(text: str, allowed, what: str) -> list[str]:
@@ -112,7 +131,7 @@ def plan(ns, platform: str, gpus: int) -> dict:
     if not cases:
         raise ValueError("no message size holds a single element of the chosen dtypes")
     return dict(sweep.common_config(ns, platform), ranks=ranks, cases=cases,
-                unavailable=unavailable, eps=ns.eps, seed=ns.seed)
+                unavailable=unavailable, eps=ns.eps, seed=ns.seed, check=bool(ns.check))
 
 
 def add_speedups(results: list[dict]) -> None:
@@ -135,24 +154,6 @@ def add_bandwidths(results: list[dict], world: int) -> None:
             r["busbw_gbps"] = r["algbw_gbps"] * 2 * (world - 1) / world
         else:
             r["algbw_gbps"] = r["busbw_gbps"] = None
-
-
-def selector_picks(machine: dict, results: list[dict]) -> tuple[dict, str]:
-    """{bytes: algorithm} that algorithm='auto' picks with the table this
-    machine would use, and the table's source (or why none could be read)."""
-    from .. import selection
-
-    try:
-        table = selection.table_for(machine["platform"], machine["device_kind"],
-                                    machine["world_size"])
-    except selection.TableError as e:
-        return {}, f"none ({e})"
-    capacity = machine["capacity_bytes"]
-    picks = {}
-    for r in results:
-        predicted = selection.predict_all(table, r["bytes"], lambda a: capacity[a])
-        picks[r["bytes"]] = min(selection.CANDIDATES, key=lambda a: predicted[a])
-    return picks, table.source
 
 
 def describe_machine(machine: dict, ranks: int, gpus: int) -> str:
@@ -191,19 +192,22 @@ def format_table(doc: dict) -> str:
         if previous is not None and group[:2] != previous[:2]:
             lines.append("#")
         previous = group
-        name = r["algorithm"] + ("*" if picks.get(str(r["bytes"])) == r["algorithm"] else "")
+        picked = picks.get(str(r["bytes"])) == r["algorithm"] and r["status"] == "ok"
+        name = r["algorithm"] + ("*" if picked else "")
         head = (f"  {r['bytes']:>10} {r['count']:>10} {r['dtype']:>9} {r['op']:>8} "
                 f"{name:>16}")
         if r["status"] != "ok":
             lines.append(f"{head} {r['status']}")
             continue
         speedup = f"{r['speedup_vs_psum']:.2f}x" if r["speedup_vs_psum"] else "-"
+        wrong = "-" if r["wrong"] is None else r["wrong"]
         lines.append(f"{head} {r['time_us']:>10.1f} {r['algbw_gbps']:>8.3f} "
-                     f"{r['busbw_gbps']:>8.3f} {r['wrong']:>7} {speedup:>8}")
-    wrong = sum(r["wrong"] for r in results)
+                     f"{r['busbw_gbps']:>8.3f} {wrong:>7} {speedup:>8}")
     timed = sum(1 for r in results if r["status"] == "ok")
-    lines.append(f"# {timed} cases timed, {len(results) - timed} not available, "
-                 f"{wrong} wrong elements in total")
+    checked = [r["wrong"] for r in results if r["status"] == "ok" and r["wrong"] is not None]
+    lines.append(f"# {timed} cases timed, {len(results) - timed} not available, " +
+                 (f"{sum(checked)} wrong elements in total" if checked or not timed else
+                  "results not checked (-c 0)"))
     spread = typical_spread(results)
     load = machine.get("load_average")
     lines.append(f"# samples spread {spread:.0%} around their medians (typical case)"
@@ -223,17 +227,22 @@ def main(argv=None) -> int:
     except (ValueError, sweep.SweepError) as e:
         parser.error(str(e))
     ranks = config.pop("ranks")
+    if ns.cuda_graph:
+        print(f"jax_ar bench: note: -G {ns.cuda_graph} is ignored: XLA captures jax_ar's calls "
+              "in CUDA graphs (command buffers) by itself", file=sys.stderr)
     print(f"jax_ar bench: {len(config['cases'])} cases on {ranks} {platform.upper()} ranks ...",
           file=sys.stderr, flush=True)
     try:
         raw = sweep.run_sweep(config, ranks, platform, ns.timeout)
+    except sweep.SweepStopped as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except sweep.SweepError as e:
         print(str(e), file=sys.stderr)
         return 1
     results, machine = raw["results"], raw["machine"]
     add_bandwidths(results, machine["world_size"])
     add_speedups(results)
-    picks, source = selector_picks(machine, results)
     doc = {
         "schema": "jax_ar.bench",
         "schema_version": 1,
@@ -244,20 +253,21 @@ def main(argv=None) -> int:
         "machine": machine,
         "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
                                            "warmup")},
-        "selection": {"table": source, "picks": {str(k): v for k, v in picks.items()}},
+        "selection": raw["selection"],  # what algorithm="auto" picks at each size
         "elapsed_s": raw["elapsed_s"],
         "results": results,
     }
     print(format_table(doc))
-    os.makedirs(ns.out_dir, exist_ok=True)
-    json_path = os.path.join(ns.out_dir, "bench.json")
+    out_dir = ns.out_dir or new_out_dir()
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, "bench.json")
     with open(json_path, "w") as f:
         json.dump(doc, f, indent=1)
     written = [json_path]
     if not ns.no_plot:
         from . import plot
 
-        png_path = os.path.join(ns.out_dir, "bench.png")
+        png_path = os.path.join(out_dir, "bench.png")
         try:
             plot.plot(doc, png_path)
             written.append(png_path)
@@ -265,7 +275,7 @@ def main(argv=None) -> int:
             print("jax_ar bench: matplotlib is not installed; no plot "
                   "(pip install matplotlib, or jax_ar[bench])", file=sys.stderr)
     print(f"# wrote {', '.join(written)}")
-    wrong = sum(r["wrong"] for r in results)
+    wrong = sum(r["wrong"] or 0 for r in results)
     if wrong:
         print(f"jax_ar bench: FAILED: {wrong} elements differ from the host reference",
               file=sys.stderr)

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_ar  # noqa: E402
+from jax_ar import config as ar_config, selection  # noqa: E402
 from jax_ar.tools import bench_data as data  # noqa: E402
 from jax_ar.tools.baselines import lax_reduce, xla_rms_norm  # noqa: E402
 from jax_ar.tools.timing import (calibrate, chained, count_collectives, gather,  # noqa: E402
@@ -138,7 +139,7 @@ class Runner:
         launches = launches_for(launch_s, cfg["launches"], cfg["min_sample_s"])
         median, samples, out = measure(run, chain, launches, cfg["repeats"])
         result.update(chain=chain, launches=launches, time_us=median, samples=samples,
-                      wrong=check(out))
+                      wrong=check(out) if cfg.get("check", True) else None)
         return result
 
     def _prepare(self, case):
@@ -171,6 +172,21 @@ class Runner:
             return data.count_wrong(_local(out[0]), want)
 
         return chained(step, self.mesh, AXIS, chain), (x,), chain, check
+
+    def auto_picks(self, sizes) -> dict:
+        """What algorithm="auto" runs here for a message of each size, decided
+        the way the library decides it (psum where the communicator falls
+        back, JAX_AR_ALGO, else the cost model), and the table it used."""
+        override = ar_config.algorithm_override()
+        picks = {}
+        for nbytes in sorted(set(sizes)):
+            picks[str(nbytes)] = ("psum" if not self.comm.serves_calls else
+                                  override or selection.choose_for(self.comm, nbytes))
+        try:
+            table = selection.table_for(self.comm.platform, self.device_kind, self.world).source
+        except selection.TableError as e:
+            table = f"none ({e})"
+        return {"table": table, "picks": picks}
 
     def machine(self):
         info = {
@@ -234,9 +250,11 @@ def main(argv) -> None:
         times = [per_rank[i][0] for per_rank in everyone]
         r["time_us_ranks"] = times
         r["time_us"] = max(times) if r["status"] == "ok" else None
-        r["wrong"] = sum(per_rank[i][1] for per_rank in everyone)
+        wrong = [per_rank[i][1] for per_rank in everyone]
+        r["wrong"] = None if None in wrong else sum(wrong)  # None: not checked (-c 0)
     if leader:
         doc = {"machine": runner.machine(), "results": results,
+               "selection": runner.auto_picks(r["bytes"] for r in results),
                "elapsed_s": time.monotonic() - start}
         tmp = config["out"] + ".tmp"
         with open(tmp, "w") as f:
@@ -247,7 +265,7 @@ def main(argv) -> None:
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except BaseException:
+    except Exception:  # a stop signal (KeyboardInterrupt, SystemExit) goes to the bootstrap
         traceback.print_exc()
         sys.stdout.flush()
         sys.exit(1)

@@ -1,7 +1,16 @@
 """Entry point of one rank started by `python -m jax_ar launch`.
 
-Configures JAX from the launcher's environment, joins jax.distributed, then
-runs the user's script as __main__.
+Configures JAX from the launcher's environment, joins jax.distributed, runs
+the user's script (or, after -m, module) as __main__, then ends in order:
+jax_ar's communicators are closed, then jax.distributed is shut down (every
+process takes part in its shutdown, so none goes away while its peers still
+poll it, which is what makes gRPC and absl print errors at exit).
+
+SIGTERM and SIGHUP (which the launcher forwards) raise SystemExit(128 + N)
+in the script, as SIGINT raises KeyboardInterrupt, so its `finally` blocks
+run; the rank then closes its communicators and exits 128 + N at once,
+without a traceback and without waiting for its peers in jax.distributed's
+shutdown (they are being stopped too).
 """
 from __future__ import annotations
 
@@ -10,7 +19,18 @@ import os
 import runpy
 import signal
 import sys
+import time
 import traceback
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class _Stopped(SystemExit):
+    """The launcher forwarded a stop signal."""
+
+    def __init__(self, signum):
+        super().__init__(128 + signum)
+        self.signum = signum
 
 
 def initialize_from_env() -> None:
@@ -31,10 +51,11 @@ def initialize_from_env() -> None:
     )
 
 
-def report_failure(error: BaseException) -> None:
-    """Tells the launcher that this rank failed. Needed because a failed rank
-    does not exit at once: jax.distributed's shutdown waits for every other
-    process, and the launcher must not wait for that to stop the job."""
+def report_failure(error: BaseException, failed_at: float | None = None) -> None:
+    """Tells the launcher that this rank failed, and when. Needed because a
+    failed rank does not exit at once: jax.distributed's shutdown waits for
+    every other process, and the launcher must not wait for that to stop the
+    job."""
     status_dir = os.environ.get("JAX_AR_LAUNCH_STATUS_DIR")
     if not status_dir:
         return
@@ -45,10 +66,20 @@ def report_failure(error: BaseException) -> None:
     path = os.path.join(status_dir, f"rank{os.environ.get('JAX_AR_PROCESS_ID', '0')}.failed")
     try:
         with open(path + ".tmp", "w") as f:
-            f.write(text)
+            f.write(f"{failed_at if failed_at is not None else time.time():.6f} {text}")
         os.replace(path + ".tmp", path)
     except OSError:
         pass
+
+
+def _tell_launcher(what: str) -> None:
+    status_dir = os.environ.get("JAX_AR_LAUNCH_STATUS_DIR")
+    if status_dir:
+        try:
+            open(os.path.join(status_dir, f"rank{os.environ.get('JAX_AR_PROCESS_ID', '0')}."
+                                          f"{what}"), "w").close()
+        except OSError:
+            pass
 
 
 def _fail_if_calls_were_skipped() -> None:
@@ -63,41 +94,108 @@ def _fail_if_calls_were_skipped() -> None:
         raise JaxArError("jax_ar: " + "; ".join(skipped))
 
 
+def _die_with_launcher() -> None:
+    """Asks the kernel to kill this rank when the launcher dies (Linux), so
+    that no rank outlives a launcher killed outright (SIGKILL)."""
+    launcher = os.environ.get("JAX_AR_LAUNCHER_PID")
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if launcher and os.getppid() != int(launcher):
+        os._exit(128 + signal.SIGKILL)  # the launcher died before prctl took effect
+
+
+def _on_stop_signal(signum, frame):
+    raise _Stopped(signum)
+
+
+def _catch_stop_signals() -> None:
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _on_stop_signal)
+
+
+def _stop(signum: int) -> None:
+    """Ends this rank after a forwarded signal: communicators closed (peers
+    see it at once), no traceback, no wait in jax.distributed's shutdown."""
+    for s in STOP_SIGNALS:  # a second signal must not interrupt the exit
+        signal.signal(s, signal.SIG_IGN)
+    try:
+        from jax_ar.comm import communicator
+
+        for comm in communicator.open_communicators():
+            comm.close()
+    except BaseException:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def _shutdown_distributed() -> None:
+    try:
+        import jax
+
+        jax.distributed.shutdown()
+    except Exception:  # the process ends anyway; the launcher has its status
+        pass
+
+
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m jax_ar.tools.bootstrap SCRIPT [ARGS...]")
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
+    if len(sys.argv) < 2 or (sys.argv[1] == "-m" and len(sys.argv) < 3):
+        sys.exit("usage: python -m jax_ar.tools.bootstrap (SCRIPT | -m MODULE) [ARGS...]")
+    _die_with_launcher()
+    _catch_stop_signals()
+    _tell_launcher("ready")  # from now on a stop signal ends this rank in order
+    module = sys.argv[2] if sys.argv[1] == "-m" else None
+    script = None if module else sys.argv[1]
+    sys.argv = sys.argv[2:] if module else sys.argv[1:]  # run_module sets argv[0]
     # The launcher sends SIGUSR1 before it kills a rank that is still running
     # after another failed: its stack then shows where it was stuck.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    initialize_from_env()
-    from jax_ar import _compat
-    from jax_ar.comm import rendezvous
+    try:
+        try:
+            initialize_from_env()
+            # jax.distributed's preemption notifier takes SIGTERM over (it
+            # logs it and lets the process run on): take it back.
+            _catch_stop_signals()
+            from jax_ar import _compat
+            from jax_ar.comm import rendezvous
 
-    rendezvous.publish_process_identity(_compat.distributed_client(),
-                                 int(os.environ["JAX_AR_PROCESS_ID"]))
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        if e.code not in (None, 0):
-            report_failure(e)
-            raise
-    except BaseException as e:
-        _fail(e)
-    try:
+            rendezvous.publish_process_identity(_compat.distributed_client(),
+                                                int(os.environ["JAX_AR_PROCESS_ID"]))
+            if module:
+                sys.path.insert(0, os.getcwd())  # as python -m
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+                runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            if isinstance(e, _Stopped) or e.code not in (None, 0):
+                raise
         _fail_if_calls_were_skipped()
+    except _Stopped as e:
+        _stop(e.signum)
+    except KeyboardInterrupt:
+        _stop(signal.SIGINT)
+    except SystemExit as e:
+        report_failure(e)
+        raise
     except BaseException as e:
-        _fail(e)
+        _fail(e, time.time())
+    _shutdown_distributed()
 
 
-def _fail(error: BaseException) -> None:
+def _fail(error: BaseException, failed_at: float) -> None:
     # The traceback goes out before the report: the launcher may stop this
     # process soon after it.
     traceback.print_exception(error)
     sys.stderr.flush()
-    report_failure(error)
+    report_failure(error, failed_at)
     sys.exit(1)
 
 

@@ -1,5 +1,6 @@
 """bench.png: latency and bus bandwidth against message size, one line per
-algorithm (and per dtype/op when the sweep has several)."""
+algorithm (and per dtype/op when the sweep has several), with a ring on the
+point of the algorithm that algorithm="auto" picks at each size."""
 from __future__ import annotations
 
 import collections
@@ -19,6 +20,9 @@ def plot(doc: dict, path: str) -> None:
     for r in results:
         label = r["algorithm"] + (f" {r['dtype']} {r['op']}" if several else "")
         lines[label].append((r["bytes"], r["time_us"], r["busbw_gbps"]))
+    picks = doc.get("selection", {}).get("picks", {})
+    picked = sorted((r["bytes"], r["time_us"], r["busbw_gbps"]) for r in results
+                    if picks.get(str(r["bytes"])) == r["algorithm"])
 
     fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(13, 5))
     for label, points in lines.items():
@@ -26,6 +30,11 @@ def plot(doc: dict, path: str) -> None:
         sizes = [p[0] for p in points]
         ax_time.plot(sizes, [p[1] for p in points], marker="o", markersize=3, label=label)
         ax_bw.plot(sizes, [p[2] for p in points], marker="o", markersize=3, label=label)
+    if picked:
+        for ax, column in ((ax_time, 1), (ax_bw, 2)):
+            ax.scatter([p[0] for p in picked], [p[column] for p in picked], s=90,
+                       facecolors="none", edgecolors="black", linewidths=1.2, zorder=3,
+                       label="algorithm='auto' picks")
     ax_time.set(yscale="log", ylabel="time per call (us)", title="latency")
     ax_bw.set(ylabel="bus bandwidth (GB/s)", title="bus bandwidth = algbw x 2(n-1)/n")
     sizes = sorted({r["bytes"] for r in results})

@@ -11,12 +11,11 @@ import re
 import sys
 import tempfile
 import threading
-import time
 import uuid
 
 from . import launch
 
-__all__ = ["SweepError", "add_common_options", "common_config", "default_ranks", "format_size",
+__all__ = ["SweepError", "SweepStopped", "add_common_options", "common_config", "default_ranks", "format_size",
            "mps_running", "parse_size", "resolve_platform", "run_sweep", "shared_gpu_reason",
            "size_list"]
 
@@ -38,16 +37,35 @@ class SweepError(RuntimeError):
     pass
 
 
+class SweepStopped(SweepError):
+    """A signal (SIGTERM, SIGHUP, SIGINT) stopped the sweep's ranks."""
+
+    def __init__(self, signum: int, text: str):
+        super().__init__(text)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 def add_common_options(p, max_bytes_help: str) -> None:
-    """Options bench and tune share: ranks, platform, sizes, timing, workspace."""
-    p.add_argument("-n", "--ranks", type=int, default=None,
-                   help="number of ranks (default: the number of GPUs, at least 2; 2 on CPU)")
+    """Options bench and tune share: ranks, platform, sizes, timing, workspace.
+    Letters mean what they mean in nccl-tests (-b -e -f -n -w); the rank
+    count, which nccl-tests leaves to mpirun -n, is -N/--ranks."""
+    p.add_argument("-N", "--ranks", type=int, default=None,
+                   help="number of ranks, one process each (default: the number of GPUs, at "
+                        "least 2; 2 on CPU)")
     p.add_argument("--platform", choices=("auto", "cpu", "gpu"), default="auto",
                    help="auto: GPUs when nvidia-smi lists any, else CPU devices")
-    p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
+    p.add_argument("-b", "--min-bytes", default="1K",
+                   help="smallest message per rank (default 1K; K, M, G are binary)")
     p.add_argument("-e", "--max-bytes", default=None, help=max_bytes_help)
-    p.add_argument("--iters", type=int, default=None,
-                   help="calls chained in one timed program (default 20 on GPU, 10 on CPU)")
+    p.add_argument("-f", "--step-factor", type=int, default=2,
+                   help="multiply the size by this from one message to the next (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=None,
+                   help="timed calls in a row, as nccl-tests' -n: calls chained in one timed "
+                        "program (default 20 on GPU, 10 on CPU)")
+    p.add_argument("-w", "--warmup", type=int, default=None,
+                   help="untimed warm-up launches before the samples, as nccl-tests' -w "
+                        "(default 2 on GPU, 1 on CPU)")
     p.add_argument("--launches", type=int, default=None,
                    help="least program launches per timing sample (default 4 on GPU, 2 on CPU)")
     p.add_argument("--min-sample-ms", type=float, default=None,
@@ -55,8 +73,6 @@ def add_common_options(p, max_bytes_help: str) -> None:
                         "GPU, 10 on CPU)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timing samples; the median is reported (default 10 on GPU, 5 on CPU)")
-    p.add_argument("--warmup", type=int, default=None,
-                   help="untimed launches before the samples (default 2 on GPU, 1 on CPU)")
     p.add_argument("--workspace-bytes", type=parse_size, default=None,
                    help="jax_ar workspace per device (default: jax_ar.setup's)")
     p.add_argument("--timeout", type=float, default=1800.0,
@@ -66,7 +82,7 @@ def add_common_options(p, max_bytes_help: str) -> None:
 def default_ranks(ns, platform: str, gpus: int) -> int:
     ranks = ns.ranks if ns.ranks is not None else (max(2, gpus) if platform == "gpu" else 2)
     if ranks < 2:
-        raise ValueError(f"-n/--ranks must be at least 2, got {ranks}")
+        raise ValueError(f"-N/--ranks must be at least 2, got {ranks}")
     return ranks
 
 
@@ -166,13 +182,18 @@ def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
             except BaseException as e:  # surfaced below
                 box["error"] = e
 
-        thread = threading.Thread(target=target, daemon=True)
-        thread.start()
-        _show_progress(thread, os.path.join(log_dir, "rank0.log"), progress_label)
-        thread.join()
+        # Signals reach this (main) thread; the launch in the other one
+        # forwards them to the ranks and returns once they have ended.
+        with launch.forwarding_signals():
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            _show_progress(thread, os.path.join(log_dir, "rank0.log"), progress_label)
+            thread.join()
         if "error" in box:
             raise box["error"]
         result = box["result"]
+        if result.signal is not None:
+            raise SweepStopped(result.signal, f"jax_ar {progress_label}: {result.summary()}")
         if not result.ok or not os.path.exists(config["out"]):
             raise SweepError(_failure_text(result))
         with open(config["out"]) as f:
@@ -180,28 +201,32 @@ def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
 
 
 def _show_progress(thread, log_path: str, label: str) -> None:
-    """Rank 0's latest progress line: redrawn in place on a terminal, else
-    printed at most every 5 s."""
+    """Rank 0's progress: on a terminal its latest line, redrawn in place;
+    otherwise (a file, a pipe) one line per case, as it starts."""
     tty = sys.stderr.isatty()
-    offset, latest, shown, last_print = 0, "", "", 0.0
-    while thread.is_alive():
-        thread.join(timeout=0.2)
+    offset, shown = 0, ""
+    while True:
+        alive = thread.is_alive()
         try:
             with open(log_path, "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
         except OSError:
-            continue
+            chunk = b""
         complete = chunk[:chunk.rfind(b"\n") + 1]
         offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            if line.startswith("@@progress "):
-                latest = _progress_text(label, line)
-        now = time.monotonic()
-        if latest != shown and (tty or now - last_print >= 5.0):
-            sys.stderr.write(f"\r\033[K{latest}" if tty else f"{latest}\n")
-            sys.stderr.flush()
-            shown, last_print = latest, now
+        lines = [_progress_text(label, line)
+                 for line in complete.decode(errors="replace").splitlines()
+                 if line.startswith("@@progress ")]
+        if tty and lines and lines[-1] != shown:
+            shown = lines[-1]
+            sys.stderr.write(f"\r\033[K{shown}")
+        elif not tty:
+            sys.stderr.writelines(f"{line}\n" for line in lines)
+        sys.stderr.flush()
+        if not alive:
+            break
+        thread.join(timeout=0.2)
     if tty and shown:
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m jax_ar tune",
         description="Measure oneshot, twoshot and psum on this machine, fit the cost model and "
                     "write the algorithm table that algorithm='auto' uses.")
-    sweep.add_common_options(p, "largest message (default 256M on GPU, 4M on CPU)")
+    sweep.add_common_options(p, "largest message per rank (default 256M on GPU, 4M on CPU)")
     p.add_argument("--out", default=None,
                    help=f"table file to write (default: ${TABLE_ENV}, else the cache directory)")
     return p
@@ -161,7 +161,8 @@ def main(argv=None) -> int:
         platform, gpus = sweep.resolve_platform(ns.platform)
         ranks = sweep.default_ranks(ns, platform, gpus)
         sizes = sweep.size_list(sweep.parse_size(ns.min_bytes),
-                                 sweep.parse_size(ns.max_bytes or MAX_BYTES[platform]))
+                                 sweep.parse_size(ns.max_bytes or MAX_BYTES[platform]),
+                                 ns.step_factor)
         config = sweep.common_config(ns, platform)
         shared = sweep.shared_gpu_reason(platform, ranks, gpus)
         unavailable = {"psum": shared} if shared else {}
@@ -179,6 +180,9 @@ def main(argv=None) -> int:
           file=sys.stderr, flush=True)
     try:
         raw = sweep.run_sweep(config, ranks, platform, ns.timeout, progress_label="tune")
+    except sweep.SweepStopped as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except sweep.SweepError as e:
         print(str(e), file=sys.stderr)
         return 1

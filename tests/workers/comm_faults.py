@@ -24,6 +24,12 @@ die_in_setup    process 1 kills itself inside setup after creating its
                 fails at once naming it
 stuck           odd sleeps instead of calling; the others fail at the
                 deadline and raise; the launcher must stop odd
+catchable       odd sleeps instead of calling: with jax_ar.checked() the
+                others catch JaxArTimeoutError (XLA's error its __cause__);
+                a block that ends normally on a failed communicator raises
+                too; tracing a new call on it, or on a closed one, raises
+                JaxArError at trace time; other exceptions pass unchanged;
+                then recovery on every rank
 """
 import logging
 import os
@@ -111,11 +117,18 @@ def scenario_disagree(mesh):
         # Every rank compiles both variants (on GPUs XLA's sharded autotuning
         # waits for every process to compile a program), outside the timed part.
         compiled = {}
-        for is_odd in (False, True):
-            fn, args = variant(is_odd)
-            compiled[is_odd] = (fn.lower(*args).compile(), args)
-        call, args = compiled[odd]
-        expect_failure(comm, lambda: call(*args), f"disagree/{name}",
+        try:
+            for is_odd in (False, True):
+                fn, args = variant(is_odd)
+                compiled[is_odd] = (fn.lower(*args).compile(), args)
+            call, args = compiled[odd]
+            run = lambda: call(*args)  # noqa: E731
+        except jax_ar.JaxArError as early:
+            # With 3 ranks, two may meet and fail while this one still
+            # traces: tracing on a failed communicator raises at once.
+            def run(early=early):
+                raise early
+        expect_failure(comm, run, f"disagree/{name}",
                        must_name=("ranks disagree", mine, "call ") + shared +
                        (() if ON_GPU else on_cpu))
         expect_failure(comm, lambda: good(x4s), f"disagree/{name}: next call",
@@ -381,6 +394,64 @@ def scenario_stuck(mesh):
                                       f"rank {rank_of(mesh, last_process())}", "all_reduce"),
                            within_s=DEADLINE_S + PROMPT_S, at_least_s=DEADLINE_S * 0.9)
     stop_like_a_program(error, "stuck")
+
+
+def scenario_catchable(mesh):
+    odd = me() == last_process()
+    comm = setup(mesh)
+    _, xs = sharded(mesh, 4)
+    f = reducer(mesh)
+    jax.block_until_ready(f(xs))
+    with jax_ar.checked(comm):  # a good call: nothing raised
+        jax.block_until_ready(f(xs))
+    if odd:
+        time.sleep(DEADLINE_S + PROMPT_S)  # skips the call; its peers time out
+    else:
+        start = time.monotonic()
+        try:
+            with jax_ar.checked(comm):
+                jax.block_until_ready(f(xs))
+            raise AssertionError("catchable: no error from a call that a peer skipped")
+        except jax_ar.JaxArTimeoutError as e:
+            took = time.monotonic() - start
+            cause = e.__cause__
+            assert cause is not None and not isinstance(cause, jax_ar.JaxArError), repr(cause)
+            assert "jax_ar:" in str(cause) and "timed out" in str(e), (cause, e)
+            assert DEADLINE_S * 0.9 <= took <= DEADLINE_S + PROMPT_S, took
+            log(f"catchable: JaxArTimeoutError after {took:.2f} s, from "
+                f"{type(cause).__name__}: {str(cause).splitlines()[0][:120]}")
+    # The communicator stays failed on every rank (odd learns of it from its
+    # peers' published failure): a block that raises nothing itself still
+    # ends in JaxArError (its comm.check()), and so does a call traced now.
+    give_up = time.monotonic() + DEADLINE_S + 10
+    while True:
+        try:
+            with jax_ar.checked(comm):
+                pass
+        except jax_ar.JaxArError as e:
+            assert "has failed" in str(e), e
+            break
+        assert time.monotonic() < give_up, "catchable: the failure never reached this rank"
+        time.sleep(0.05)
+    try:
+        reducer(mesh, op="max").lower(xs)
+        raise AssertionError("catchable: traced a call on a failed communicator")
+    except jax_ar.JaxArError as e:
+        assert "has failed" in str(e), e
+    try:  # not jax_ar's: passes unchanged
+        with jax_ar.checked():
+            raise KeyError("unrelated")
+    except KeyError:
+        pass
+    comm.close()
+    try:
+        reducer(mesh, op="min").lower(xs)
+        raise AssertionError("catchable: traced a call on a closed communicator")
+    except jax_ar.JaxArError as e:
+        assert "was closed" in str(e), e
+    fresh = setup(mesh, timeout_s=30.0)  # odd may still be asleep
+    check_fresh_results(mesh, 11, "catchable: after close() + setup()")
+    fresh.close()
 
 
 def stop_like_a_program(error, scenario):

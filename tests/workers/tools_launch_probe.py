@@ -1,4 +1,18 @@
-"""Launcher probe: behaves as told by argv[1] on the rank given in argv[2]."""
+"""Launcher probe: behaves as told by argv[1] on the rank given in argv[2]
+(-1: none); every rank first prints "rank R of N with D devices" and its pid.
+
+ok       every rank ends at once
+fail     the target exits 3; the others end at once
+hang     the target sleeps; the others end at once
+loop     every rank prints "looping" and sleeps (until stopped)
+fail_others_loop  the target exits 3; the others sleep (until stopped)
+die_in_call  every rank sets up jax_ar; the target SIGKILLs itself while the
+         others wait for it in an all_reduce (which then fails)
+noise    every rank prints lines the launcher drops (gloo's connections, what
+         gRPC and absl print at a peer's exit) around one line of its own
+"""
+import os
+import signal
 import sys
 import time
 
@@ -6,10 +20,40 @@ import jax
 
 mode, target = sys.argv[1], int(sys.argv[2])
 me = jax.process_index()
-print(f"rank {me} of {jax.process_count()} with {jax.local_device_count()} devices", flush=True)
+print(f"rank {me} of {jax.process_count()} with {jax.local_device_count()} devices, "
+      f"pid {os.getpid()}", flush=True)
+if mode == "loop" or (mode == "fail_others_loop" and me != target):
+    print("looping", flush=True)
+    while True:
+        time.sleep(0.1)
+if mode == "noise":
+    print(f"[Gloo] Rank {me} is connected to 1 peer ranks. Expected number of connected peer "
+          "ranks is : 1", flush=True)
+    print("my own line", flush=True)
+    print("E1201 10:00:00.000000 1 coordination_service_agent.cc:1] WatchTasksAsync failed: "
+          "UNAVAILABLE: Connection refused", flush=True)
+    print("*** Check failure stack trace: ***", flush=True)
+    print("    @     0x7f0000000000  (unknown)", flush=True)
 if me == target:
-    if mode == "fail":
+    if mode in ("fail", "fail_others_loop"):
         print("failing on purpose", flush=True)
         sys.exit(3)
     if mode == "hang":
         time.sleep(600)
+if mode == "die_in_call":
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import jax_ar
+
+    mesh = jax.make_mesh((jax.device_count(),), ("tp",))
+    jax_ar.setup(mesh, "tp")
+    reduce = jax.jit(jax.shard_map(lambda x: jax_ar.all_reduce(x, "tp"), mesh=mesh,
+                                   in_specs=P("tp"), out_specs=P()))
+    x = jax.device_put(np.ones(4 * jax.device_count(), np.float32),
+                       jax.sharding.NamedSharding(mesh, P("tp")))
+    reduce.lower(x).compile()
+    if me == target:
+        time.sleep(1.0)  # the others are waiting in the call by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    jax.block_until_ready(reduce(x))
