@@ -90,7 +90,6 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   SendHeader(a, ctx.launch);
   const uint32_t flag = LaunchFlag(ctx.launch);
   const int parity = static_cast<int>(ctx.launch & 1);
-  const std::byte* mailbox = LLHalf(a, a.rank, parity);
   Waiter waiter(a, ctx.launch);
   // Every vector of this thread goes out before the first wait, so that a
   // thread with several vectors waits for one exchange, not one per vector.
@@ -98,21 +97,23 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
     const uint4 input = v == first ? first_input : LoadPacked(a, 16 * v, hint);
     SendPacketPair(a, parity, a.slot_bytes, 2 * v, input, flag);
   }
-  int header_peer = HeaderPeerOfThread(a);
+  // Then each rank's packets in rank order, one peer after another: polling
+  // every peer at once was measured slower on the H200 (docs/gpu.md).
   bool ok = true;
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     // From L2 (this launch read it): an output may alias its input, and
     // each thread reads a vector before it writes that vector's result.
     const uint4 mine = v == first ? first_input : LoadPacked(a, 16 * v, hint);
-    uint4 got[kMaxWorld];
-    ok = AwaitPeerPackets(a, mailbox, a.slot_bytes, 2 * v, flag, waiter, header_peer, got);
-    header_peer = -1;
-    if (ok) {
-      hint = FindSegment(a, 16 * v, hint);
-      StorePacked(a, 16 * v, ReduceInRankOrder(a, a.op, a.segments[hint].dtype, mine, got), hint);
-    }
+    hint = FindSegment(a, 16 * v, hint);
+    uint4 result;
+    DispatchDtype(a.segments[hint].dtype, [&](auto tag) {
+      result = ReduceVector<decltype(tag)::kDtype, kMaxWorld>(a.op, a.world, [&](int s) {
+        return PacketPairFrom(a, s, mine, parity, a.slot_bytes, 2 * v, flag, waiter, ok);
+      });
+    });
+    if (ok) StorePacked(a, 16 * v, result, hint);
   }
-  if (ok && header_peer >= 0) CheckHeader(a, waiter);  // a thread that owned no vector
+  if (ok) CheckHeader(a, waiter);
   FinishLaunch(a, ctx);
 }
 

@@ -1,15 +1,12 @@
 // Device side of every jax_ar launch: how it learns its launch number, how it
 // waits (with a deadline), how it fails, and how it finds its arrays.
 //
-// Launch numbers. Block b of a launch reads its number from
-// LocalControl::completed[b] (launch = completed[b] + 1) and, when done,
-// writes it to every counter slot its block index stands for (b, b + grid,
-// ...), so that each counter holds the last launch again whatever grid the
-// next launch has. No atomic and no cross-block barrier: the next launch on
-// the stream starts after these stores, so numbers advance on the device
-// alone and a CUDA graph replays correctly. All ranks make the same
-// launches, so they agree on the numbers; a launch's flags and data half
-// derive from its number.
+// Launch numbers. LocalControl::completed counts finished launches of a rank;
+// every block reads it when it starts (launch = completed + 1) and the last
+// block to finish stores the new count. The next launch on the stream starts
+// after that store, so numbers advance on the device alone and a CUDA graph
+// replays correctly. All ranks make the same launches, so they agree on the
+// numbers; a launch's flags and data half derive from its number.
 //
 // Failure. A wait that passes its deadline records (kind, rank, peer and
 // their operations) in LocalControl::abort, poisons every peer's
@@ -116,8 +113,7 @@ class Waiter {
 struct LaunchContext {
   uint64_t launch;
   bool live;
-  uint64_t claimed;  // block 0, thread 0 only: the launch block 0 claimed before this one
-  uint32_t told;     // block 0, thread 0 only: the failure a peer told this rank about
+  uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
 };
 
 // Outputs of a launch that cannot run: all-ones bits.
@@ -130,59 +126,57 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 }
 
 // Every block, first thing: the launch number, or live=false when the launch
-// is stale or the rank aborted (then nothing else may be touched). One round
-// trip to memory: thread 0's three loads go out together. Block 0 then
-// claims the number and loads the word peers poison on failure, after the
-// barrier, so that nothing waits for them: FinishLaunch looks at them.
-// (Measured on the H200: a barrier waits for the loads and atomics issued
-// before it, so claiming before it cost a second round trip per launch.)
+// is stale or the rank aborted (then nothing else may be touched). Block 0
+// also claims the number; the claim is checked only at the end (CheckAlone).
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
-  LaunchContext ctx{0, false, 0, 0};
+  uint64_t claimed = 0;
   if (threadIdx.x == 0) {
     const uint64_t token = LoadVolatile64(&a.local->token);
-    const uint64_t completed = LoadVolatile64(&a.local->completed[blockIdx.x]);
+    const uint64_t completed = LoadVolatile64(&a.local->completed);
     const uint32_t abort = LoadVolatile32(&a.local->abort);
     int live = token == a.token;  // only then is the slot ours to change
     if (live && abort != 0) {
       ReportFailure(a, abort, completed + 1);
       live = 0;
     }
+    if (live && blockIdx.x == 0) {
+      claimed = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull) + 1;
+    }
     s_launch = completed + 1;
     s_live = live;
   }
   __syncthreads();
-  ctx.launch = s_launch;
-  ctx.live = s_live != 0;
-  if (ctx.live && blockIdx.x == 0 && threadIdx.x == 0) {
-    ctx.claimed = atomicExch(reinterpret_cast<unsigned long long*>(&a.local->claimed),
-                             static_cast<unsigned long long>(ctx.launch));
-    ctx.told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
-  }
-  return ctx;
+  return {s_launch, s_live != 0, claimed};
 }
 
-// Every block, last thing (all threads). Block 0 checks what BeginLaunch
-// loaded: if another launch of this communicator claimed a number meanwhile,
-// two launches ran at once on this device (XLA scheduled two calls
-// concurrently) and may have used the same buffers, so the communicator
-// fails instead of returning mixed data; and a failure a peer told this rank
-// about is recorded, since a launch whose data all arrived never polls long
-// enough to see it (a peer may time out after sending). Then every block
-// advances the launch counters it stands for.
-__device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
-  const uint64_t launch = ctx.launch;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    if (ctx.claimed + 1 != launch) {
-      Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank, a.operation), launch);
-    }
-    if (ctx.told != 0) Abort(a, ctx.told, launch);
+// Block 0, thread 0, before FinishLaunch: if another launch of this
+// communicator claimed a number meanwhile, two launches ran at once on this
+// device (XLA scheduled two calls concurrently) and both may have used the
+// same buffers: the communicator fails instead of returning mixed data.
+__device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ctx) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && ctx.claimed != ctx.launch) {
+    Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank, a.operation), ctx.launch);
   }
+}
+
+// Every block, last thing (all threads): the last block advances the count.
+// It also looks for a failure a peer told this rank about: a launch whose
+// data all arrived never polls long enough to see it (a peer may time out
+// after sending), and the next launches must know the communicator broke.
+__device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
+  CheckAlone(a, ctx);
+  const uint64_t launch = ctx.launch;
   __syncthreads();
-  for (uint64_t slot = blockIdx.x + static_cast<uint64_t>(threadIdx.x) * gridDim.x;
-       slot < kMaxBlocks; slot += static_cast<uint64_t>(blockDim.x) * gridDim.x) {
-    StoreVolatile64(&a.local->completed[slot], launch);
+  if (threadIdx.x == 0) {
+    const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
+    __threadfence();
+    if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
+      if (told != 0) Abort(a, told, launch);
+      a.local->blocks_done = 0;
+      StoreVolatile64(&a.local->completed, launch);
+    }
   }
 }
 

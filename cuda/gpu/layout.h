@@ -103,19 +103,17 @@ struct alignas(128) PeerControl {
 static_assert(sizeof(PeerControl) <= kControlBytes, "peer control block outgrew its region");
 
 // Per rank, in the module's never-freed device table (one slot per rank).
-//
-// Launch numbers advance without atomics or a cross-block barrier: block b
-// of a launch reads its number from completed[b] and, when it is done,
-// stores it into completed[b], completed[b + grid], completed[b + 2 grid],
-// ..., so that after every launch all kMaxBlocks counters hold its number
-// whatever grid the next launch has (launch_protocol.cuh).
+// (Per-block counters advanced without atomics were tried on 2026-12-01 and
+// measured slower in a chain of calls on the H200: docs/gpu.md.)
 struct alignas(64) LocalControl {
-  uint64_t token;    // identifies the registration; 0 once closed
-  uint64_t claimed;  // the last launch block 0 began; two overlapping launches see it
-  uint32_t abort;    // encoded failure (EncodeAbort), 0 while healthy
-  uint32_t reported; // the failure record has been written
-  uint64_t completed[kMaxBlocks];  // launches finished, as each block index reads it
+  uint64_t token;      // identifies the registration; 0 once closed
+  uint64_t completed;  // launches finished; the running launch is completed + 1
+  uint64_t started;    // launches claimed; differs from completed + 1 only if two overlap
+  uint32_t blocks_done;
+  uint32_t abort;      // encoded failure (EncodeAbort), 0 while healthy
+  uint32_t reported;   // the failure record has been written
 };
+
 // Failure kinds, in LocalControl::abort / PeerControl::abort and the record.
 // `culprit` is the rank that found the failure, `peer` the rank it blamed.
 // A rank that learns of a failure from a peer records the peer's kind with
