@@ -26,16 +26,18 @@
 # CUDA MPS is started before the first stage that runs ranks and stopped at
 # exit. JAX's persistent compilation cache is shared by every rank launch
 # (JAX_AR_GPU_CACHE=0 turns it off). Results go to $OUT (default
-# ./gpu_results): summary.txt (machine, date, commit, one line per step and
-# per test file: PASS/FAIL/SKIP/TIME with seconds, benchmark figures),
-# build.log, tests.log (every test file's output, in order of completion),
-# bench.log, and the benchmarks' JSON.
+# ./gpu_results), five files (the device tool brings back at most 8):
+# summary.txt (machine, date, commit, one line per step and per test file:
+# PASS/FAIL/SKIP/TIME with seconds, benchmark figures), build.log, tests.log
+# (every test file's output, in order of completion), bench.log, and
+# results.tar.gz (the benchmarks' JSON files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT="${OUT:-$PWD/gpu_results}"
 STATE="${JAX_AR_GPU_STATE:-/tmp/jax_ar_gpu_run}"
-mkdir -p "$OUT" "$STATE/done" "$STATE/logs"
+mkdir -p "$OUT" "$STATE/done" "$STATE/logs" "$STATE/results"
+RESULTS="$STATE/results"
 SUMMARY="$OUT/summary.txt"
 BUDGET_S="${JAX_AR_GPU_BUDGET_S:-560}"
 START_S=$(date +%s)
@@ -107,7 +109,11 @@ write_summary() {
     [ -e "$STATE/figures" ] && { echo "--- figures"; cat "$STATE/figures"; }
   } > "$SUMMARY"
 }
-finish() { stop_mps; write_summary; }
+finish() {
+  stop_mps
+  write_summary
+  [ -n "$(ls -A "$RESULTS" 2>/dev/null)" ] && tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
+}
 trap finish EXIT
 echo "$(date -u +%H:%M:%S) ${STAGES[*]} (budget ${BUDGET_S}s)" >> "$STATE/commands"
 : > "$STATE/notes"
@@ -162,15 +168,19 @@ run_test_file() {
 
 stage_tests() {
   start_mps
-  export JAX_AR_TEST_PLATFORM=gpu
+  # Deadlines long enough for ranks that finish compiling at different
+  # times on 16 cores shared by two test files, short enough for the
+  # skipped-call tests that wait for them.
+  export JAX_AR_TEST_PLATFORM=gpu JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-30}"
   local files=()
   if [ -n "${JAX_AR_GPU_TESTS:-}" ]; then
     read -r -a files <<< "$JAX_AR_GPU_TESTS"
   else
     # The longest first, so that the pool ends together; then the rest.
-    local first=(tests/test_ops_all_reduce.py tests/test_ops_all_reduce_rms_norm.py
-                 tests/test_cuda_kernels.py tests/test_comm_faults.py tests/test_ops_scatter_gather.py
-                 tests/test_ops_fuzz.py tests/test_comm_lifecycle.py tests/test_ops_load.py)
+    local first=(tests/test_cuda_kernels.py tests/test_comm_faults.py tests/test_ops_all_reduce.py
+                 tests/test_comm_lifecycle.py tests/test_ops_all_reduce_rms_norm.py
+                 tests/test_ops_fuzz.py tests/test_ops_scatter_gather.py tests/test_ops_load.py
+                 tests/test_tools_bench.py)
     local f
     for f in "${first[@]}"; do [ -e "$f" ] && files+=("$f"); done
     for f in tests/test_*.py; do
@@ -195,32 +205,37 @@ stage_bench() {
   local n
   for n in 2 4 8; do
     if step "per-call cost, $n ranks" "$OUT/bench.log" $(launcher "$n") benchmarks/per_call_overhead.py \
-        --bytes 1K,16K,64K,256K --calls 200 --repeats 5 --json "$OUT/per_call.jsonl"; then
+        --bytes 1K,16K,64K,256K --calls 200 --repeats 7 --launches 10 --json "$RESULTS/per_call.jsonl"; then
       grep -h "per call:" "$OUT/bench.log" | sed 's/^\[rank 0\] //' | tail -12 | \
         while read -r line; do figure "$n ranks $line"; done
     fi
   done
   step "per-call breakdown, 2 and 8 ranks" "$OUT/bench.log" bash -c "
     $(launcher 2) benchmarks/per_call_overhead.py --bytes 16K --algorithms '' --stages all \
-      --calls 200 --repeats 5 --json '$OUT/per_call.jsonl' &&
+      --calls 200 --repeats 7 --launches 10 --json '$RESULTS/per_call.jsonl' &&
     $(launcher 8) benchmarks/per_call_overhead.py --bytes 16K --algorithms '' --stages all \
-      --calls 200 --repeats 5 --json '$OUT/per_call.jsonl'" \
+      --calls 200 --repeats 7 --launches 10 --json '$RESULTS/per_call.jsonl'" \
     && grep -h "per call: *stage" "$OUT/bench.log" | sed 's/^\[rank 0\] //' | tail -14 | \
       while read -r line; do figure "breakdown $line"; done
-  step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py \
-    --json "$OUT/rms_norm_bench.json"
-  step "benchmarks/rms_norm_bench.py --fused, 2 ranks" "$OUT/bench.log" $(launcher 2) \
-    benchmarks/rms_norm_bench.py --fused --json "$OUT/rms_norm_bench_fused.json"
   local dir; dir="$(mktemp -d)"
+  step "python -m jax_ar bench --op rms_norm, 2 ranks, hidden 4096" "$OUT/bench.log" \
+    "$PYTHON" -m jax_ar bench -N 2 --timeout $(( $(left) - 20 )) --platform gpu --op rms_norm \
+    -d bfloat16 --hidden 4096 -b 8K -e 16M --out-dir "$dir/norm2" \
+    && cp "$dir/norm2/bench.json" "$RESULTS/jax_ar_bench_rms_norm_2ranks_h4096.json"
   step "python -m jax_ar bench, 2 ranks" "$OUT/bench.log" "$PYTHON" -m jax_ar bench -N 2 \
-    --timeout $(( $(left) - 20 )) --platform gpu -e "${JAX_AR_BENCH_MAX_BYTES:-64M}" --out-dir "$dir/ar" \
-    && cp "$dir/ar/bench.json" "$OUT/jax_ar_bench.json" 2>/dev/null
-  for n in 2 4; do
-    step "python -m jax_ar bench --op rms_norm, $n ranks" "$OUT/bench.log" "$PYTHON" -m jax_ar bench \
-      -N "$n" --timeout $(( $(left) - 20 )) --platform gpu --op rms_norm -d bfloat16 \
-      -b 8K -e 256M --out-dir "$dir/norm$n" \
-      && cp "$dir/norm$n/bench.json" "$OUT/jax_ar_bench_rms_norm_$n.json" 2>/dev/null
-  done
+    --timeout $(( $(left) - 20 )) --platform gpu -d bfloat16 -e "${JAX_AR_BENCH_MAX_BYTES:-16M}" \
+    --out-dir "$dir/ar" && cp "$dir/ar/bench.json" "$RESULTS/jax_ar_bench_2ranks.json"
+  step "python -m jax_ar bench --op rms_norm, 4 ranks, hidden 4096" "$OUT/bench.log" \
+    "$PYTHON" -m jax_ar bench -N 4 --timeout $(( $(left) - 20 )) --platform gpu --op rms_norm \
+    -d bfloat16 --hidden 4096 -b 8K -e 16M --out-dir "$dir/norm4" \
+    && cp "$dir/norm4/bench.json" "$RESULTS/jax_ar_bench_rms_norm_4ranks_h4096.json"
+  step "benchmarks/rms_norm_bench.py" "$OUT/bench.log" "$PYTHON" benchmarks/rms_norm_bench.py \
+    --tokens 1 128 2048 8192 32768 --json "$RESULTS/rms_norm_bench.json"
+  step "python -m jax_ar bench --op rms_norm, 2 ranks, hidden 8192" "$OUT/bench.log" \
+    "$PYTHON" -m jax_ar bench -N 2 --timeout $(( $(left) - 20 )) --platform gpu --op rms_norm \
+    -d bfloat16 --hidden 8192 -b 16K -e 32M --out-dir "$dir/norm2h" \
+    && cp "$dir/norm2h/bench.json" "$RESULTS/jax_ar_bench_rms_norm_2ranks_h8192.json"
+  grep -hE "^ +[0-9]+ .*(\*|x)" "$OUT/bench.log" | tail -80 | while read -r line; do figure "bench $line"; done
 }
 
 for stage in "${STAGES[@]}"; do
