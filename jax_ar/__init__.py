@@ -8,6 +8,7 @@ import pkgutil as _pkgutil
 __path__ = _pkgutil.extend_path(__path__, __name__)
 
 from ._collectives import all_gather, all_reduce, reduce_scatter  # noqa: E402
+from ._linear import matmul_all_reduce  # noqa: E402
 from ._norms import all_reduce_rms_norm, rms_norm  # noqa: E402
 from ._setup import setup  # noqa: E402
 from ._version import __version__  # noqa: E402,F401
@@ -21,6 +22,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_reduce_rms_norm",
+    "matmul_all_reduce",
     "reduce_scatter",
     "rms_norm",
     "setup",

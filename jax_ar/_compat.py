@@ -13,8 +13,10 @@ import jax
 __all__ = [
     "check_vma_enabled",
     "distributed_client",
+    "has_explicit_sharding",
     "pcast_to_varying",
     "requires_devices_during_lowering",
+    "shaped_array",
     "varying_axes",
     "with_varying_axes",
 ]
@@ -68,3 +70,23 @@ def requires_devices_during_lowering(primitive) -> None:
     from jax._src import dispatch
 
     dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def shaped_array(shape: tuple, dtype):
+    """An abstract value of this shape and dtype (no sharding, no varying
+    axes), for primitives whose result is not shaped like an operand."""
+    core = getattr(jax.core, "ShapedArray", None)
+    if core is None:  # moved out of the public namespace
+        from jax._src.core import ShapedArray as core
+    return core(tuple(shape), dtype)
+
+
+def has_explicit_sharding(aval) -> bool:
+    """Whether `aval` carries its sharding in its type (a mesh with Explicit
+    axes, jax's default for jax.make_mesh); Auto axes leave it to XLA."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True):
+        return False
+    explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+    return any(t == explicit for t in getattr(mesh, "axis_types", ()))
