@@ -43,7 +43,7 @@ from . import _call_order
 from ._axes import REDUCE_DTYPES
 from .all_reduce import reduce_leaves
 
-__all__ = ["local_matmul_all_reduce", "matmul_all_reduce_p"]
+__all__ = ["check_result_dtype", "local_matmul_all_reduce", "matmul_all_reduce_p"]
 
 
 def _dot(x, w, precision, preferred_element_type, out_sharding=None):
@@ -53,18 +53,23 @@ def _dot(x, w, precision, preferred_element_type, out_sharding=None):
                                out_sharding=out_sharding)
 
 
-def _out_sharding(x_aval, axis):
-    """The result's sharding for x's: leading dimensions as x's without
-    `axis` (K takes it), N replicated; on x's (abstract) mesh."""
-    sharding = x_aval.sharding
-    ndim = len(x_aval.shape)
-    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+def _lead_spec(spec, ndim, axis) -> tuple:
+    """The PartitionSpec entries of x's leading dimensions from x's spec,
+    without `axis` (K takes it)."""
+    spec = tuple(spec) + (None,) * (ndim - len(spec))
     lead = []
     for entry in spec[:ndim - 1]:
         names = entry if isinstance(entry, tuple) else (entry,) if entry else ()
         kept = tuple(n for n in names if n != axis)
         lead.append(kept[0] if len(kept) == 1 else (kept or None))
-    return NamedSharding(sharding.mesh, P(*lead, None))
+    return tuple(lead)
+
+
+def _out_sharding(x_aval, axis):
+    """The result's sharding for x's: leading dimensions as x's, N
+    replicated; on x's (abstract) mesh."""
+    lead = _lead_spec(x_aval.sharding.spec, len(x_aval.shape), axis)
+    return NamedSharding(x_aval.sharding.mesh, P(*lead, None))
 
 
 def _global_dot(x, w, axis, precision, preferred_element_type):
@@ -122,24 +127,17 @@ def _communicator(mesh, axis):
     return comm, None
 
 
-def _specs(mesh, axis, x_shape):
+def _specs(axis, x_shape):
     """(x, w, y) PartitionSpecs of one partitioned call: K over `axis`, N
-    replicated, x's leading dimensions keeping what sharding they have
-    (without `axis`, which K takes)."""
+    replicated, x's leading dimensions keeping what sharding they have."""
     ndim = len(x_shape.shape)
-    lead = [None] * (ndim - 1)
-    if isinstance(x_shape.sharding, NamedSharding):
-        spec = tuple(x_shape.sharding.spec) + (None,) * ndim
-        for i in range(ndim - 1):
-            entry = spec[i]
-            names = entry if isinstance(entry, tuple) else (entry,) if entry else ()
-            kept = tuple(n for n in names if n != axis)
-            lead[i] = kept[0] if len(kept) == 1 else (kept or None)
+    spec = x_shape.sharding.spec if isinstance(x_shape.sharding, NamedSharding) else ()
+    lead = _lead_spec(spec, ndim, axis)
     return P(*lead, axis), P(axis, None), P(*lead, None)
 
 
 def _shardings(axis, mesh, arg_shapes):
-    x_spec, w_spec, y_spec = _specs(mesh, axis, arg_shapes[0])
+    x_spec, w_spec, y_spec = _specs(axis, arg_shapes[0])
     named = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
     return (named(x_spec), named(w_spec), named(P())), (named(y_spec), named(P()))
 
