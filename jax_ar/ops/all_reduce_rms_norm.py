@@ -47,7 +47,7 @@ from .._native import ALGORITHM_CODES
 from ._axes import as_varying
 from ._primitive import collective_primitive, fallback_reason, log_fallback
 from .all_reduce import all_reduce_p, reduce_leaves
-from .norm_math import FP8_DTYPE, fused_reference, norm_tangent, normalize, quantize_fp8
+from .norm_math import FP8_DTYPE, fused_reference, norm_tangent, quantize_fp8
 from .rms_norm import kernel_takes_residual, module_serves, rms_norm_p, rms_norm_refuses
 
 __all__ = ["all_reduce_rms_norm_p", "fused_or_composed"]

@@ -7,6 +7,7 @@ exact in every dtype and order: results are compared bit for bit with
 numpy's x @ w, with jnp + psum inside shard_map and with XLA's own
 partitioning of x @ w in plain jit.
 """
+import contextlib
 import logging
 import os
 
@@ -16,8 +17,8 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_ar
-from common import (assert_bitwise_equal, expect_error, global_array, local_shards, log,
-                    main_guard, run_suites, suites_in)
+from common import (SuiteSkipped, assert_bitwise_equal, expect_error, global_array, local_shards,
+                    log, main_guard, run_suites, suites_in)
 from norm_checks import FLOAT_DTYPES
 
 SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
@@ -105,43 +106,30 @@ def suite_jit(comms):
     rng = np.random.default_rng(SEED + 42)
     for comm in comms[:2]:
         mesh = comm.mesh
-        with jax.set_mesh(mesh) if mesh.axis_types[0] == AxisType.Explicit else _nothing():
-            _jit_cases(rng, mesh)
-    log("jit: ok")
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _jit_cases(rng, mesh):
-    if True:
         n = mesh.devices.size
         kind = mesh.axis_types[0]
-        for name, dtype in DTYPES.items():
-            x = small_integers(rng, (6, 16 * n), dtype)
-            w = small_integers(rng, (16 * n, 40), dtype)
-            out_spec = P() if kind == AxisType.Explicit else None
-            for x_spec, w_spec in ((P(None, "tp"), P("tp", None)), (P(), P())):
-                y = check_jit(mesh, x, w, x_spec, w_spec, f"jit {kind} {name} {x_spec}",
-                              out_spec)
-                assert y.sharding.is_equivalent_to(NamedSharding(mesh, P()), 2), y.sharding
-        # Three leading dimensions.
-        x = small_integers(rng, (2, 3, 8 * n), np.float32)
-        w = small_integers(rng, (8 * n, 16), np.float32)
-        check_jit(mesh, x, w, P(None, None, "tp"), P("tp", None), f"jit {kind} 3-D",
-                  P() if kind == AxisType.Explicit else None)
+        explicit = kind == AxisType.Explicit
+        out_spec = P() if explicit else None
+        with jax.set_mesh(mesh) if explicit else contextlib.nullcontext():
+            for name, dtype in DTYPES.items():
+                x = small_integers(rng, (6, 16 * n), dtype)
+                w = small_integers(rng, (16 * n, 40), dtype)
+                for x_spec, w_spec in ((P(None, "tp"), P("tp", None)), (P(), P())):
+                    y = check_jit(mesh, x, w, x_spec, w_spec, f"jit {kind} {name} {x_spec}",
+                                  out_spec)
+                    assert y.sharding.is_equivalent_to(NamedSharding(mesh, P()), 2), y.sharding
+            # Three leading dimensions.
+            x = small_integers(rng, (2, 3, 8 * n), np.float32)
+            w = small_integers(rng, (8 * n, 16), np.float32)
+            check_jit(mesh, x, w, P(None, None, "tp"), P("tp", None), f"jit {kind} 3-D",
+                      out_spec)
+    log("jit: ok")
 
 
 def suite_jit_2d(comms):
     """A ("dp", "tp") mesh: the batch sharded over dp keeps its sharding, K
     over tp is summed by jax_ar within each dp group."""
     if len(comms) < 3:
-        from common import SuiteSkipped
         raise SuiteSkipped("needs 4 or more devices for a 2 x n/2 mesh")
     rng = np.random.default_rng(SEED + 43)
     mesh = comms[2].mesh
@@ -189,8 +177,7 @@ def suite_grad(comms):
     loss = lambda y: jnp.sum(jnp.sin(y) * weights)  # noqa: E731
     got = jax.jit(jax.grad(lambda a, b: loss(jax_ar.matmul_all_reduce(a, b, "tp")),
                            argnums=(0, 1)))(*args)
-    want = jax.grad(lambda a, b: loss(np.asarray(0, np.float32) + jnp.asarray(a) @ jnp.asarray(b)),
-                    argnums=(0, 1))(x, w)
+    want = jax.grad(lambda a, b: loss(a @ b), argnums=(0, 1))(jnp.asarray(x), jnp.asarray(w))
     for name, g, wg in zip(("x", "w"), got, want):
         for device, index, data in local_shards(g):
             # The sums over K run in another order: float32 rounding apart.
