@@ -4,6 +4,7 @@
 // takes several launches of whole rows (all captured in the same graph).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -50,6 +51,11 @@ ffi::Error CheckKernelTakes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& resid
     return Invalid("the CUDA kernel needs a hidden size in [" + std::to_string(kFusedMinHidden) +
                    ", " + std::to_string(kFusedMaxHidden) + "] that is a multiple of " +
                    std::to_string(lanes) + ", got " + std::to_string(hidden));
+  }
+  // The kernels find a row's group by 32-bit division.
+  if (vectors.groups > 1 && x.element_count() / hidden > static_cast<size_t>(INT32_MAX)) {
+    return Invalid("rows with scale vectors per group must be fewer than 2^31, got " +
+                   std::to_string(x.element_count() / hidden));
   }
   return CheckAligned(kOp, {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
                             vectors.post_norm ? post_gamma.untyped_data() : nullptr,
@@ -123,6 +129,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
   a.post_gamma = vectors.post_norm ? static_cast<const float*>(post_gamma.untyped_data()) : nullptr;
   a.bias = vectors.bias ? static_cast<const float*>(bias.untyped_data()) : nullptr;
   a.rows_per_group = static_cast<int64_t>(vectors.rows_per_group);
+  a.groups = static_cast<int32_t>(vectors.groups);
   a.scale = scale.typed_data();
   a.row_vectors = static_cast<int32_t>(hidden / lanes);
   a.threads_per_row = plan.threads_per_row;

@@ -106,13 +106,18 @@ __device__ __forceinline__ uint64_t ResidualRowBytes(const RmsNormLaunchArgs& a)
   return static_cast<uint64_t>(a.row_vectors) * ResidualLanes<D, R>::kBytes;
 }
 
+// Row `group` of a [groups, hidden] scale vector.
+__device__ __forceinline__ const float* GroupRow(const float* vectors, int group, int hidden) {
+  return vectors + static_cast<size_t>(group) * hidden;
+}
+
 // t += bias (lanes of vector i of this row's group), when there is a bias.
 template <int kLanes>
-__device__ __forceinline__ void AddBias(const RmsNormLaunchArgs& a, int64_t group_offset, int i,
+__device__ __forceinline__ void AddBias(const RmsNormLaunchArgs& a, int group, int hidden, int i,
                                         float* t) {
   if (a.bias == nullptr) return;
   float b[kLanes];
-  LoadFloatLanes<kLanes>(a.bias + group_offset, i, b);
+  LoadFloatLanes<kLanes>(GroupRow(a.bias, group, hidden), i, b);
 #pragma unroll
   for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], b[j]);
 }
@@ -135,10 +140,15 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
   const int tpr = a.threads_per_row;
   const int lane = threadIdx.x % tpr;
   const int hidden = a.row_vectors * kLanes;
-  // This row's group: its row of gamma, post_gamma and bias.
-  const int64_t group_offset =
-      active ? (a.first_row + row) / a.rows_per_group * static_cast<int64_t>(hidden) : 0;
-  const std::byte* residual_row = RowOf(a.residual, row, ResidualRowBytes<D, R>(a));
+  // This row's group: its row of gamma, post_gamma and bias. One group
+  // unless vmap stacked several, and then no division (the kernel runs at
+  // its register limit: a 32-bit division, kept out of the common path; a
+  // call's rows fit 32 bits, the handler checks).
+  const int group =
+      a.groups > 1 && active
+          ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
+                             static_cast<uint32_t>(a.rows_per_group))
+          : 0;
   // Rows are kept as the stored residual stream in between (half the
   // registers of float lanes for 16-bit types when R is x's type).
   uint4 stored[kVectors][RL::kWords];
@@ -146,7 +156,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
   const auto add_residual = [&](int k, int i, float* t) {
     uint4 words[RL::kWords];
     float r[kLanes];
-    RL::Load(residual_row, i, words);
+    RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, words);
     RL::Unpack(words, r);
 #pragma unroll
     for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], r[j]);
@@ -163,7 +173,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       const int i = lane + k * tpr;
       if (!active || i >= a.row_vectors) continue;
       reduce(k, i, t[k]);
-      AddBias<kLanes>(a, group_offset, i, t[k]);
+      AddBias<kLanes>(a, group, hidden, i, t[k]);
       AddSquares<kLanes>(t[k], post_sum_of_squares);
     }
     const float post_inv_rms = RowInverseRms</*kPartialsReused=*/true>(
@@ -173,7 +183,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       const int i = lane + k * tpr;
       if (!active || i >= a.row_vectors) continue;
       float g[kLanes];
-      LoadFloatLanes<kLanes>(a.post_gamma + group_offset, i, g);
+      LoadFloatLanes<kLanes>(GroupRow(a.post_gamma, group, hidden), i, g);
 #pragma unroll
       for (int j = 0; j < kLanes; ++j) t[k][j] = __fmul_rn(__fmul_rn(t[k][j], post_inv_rms), g[j]);
       add_residual(k, i, t[k]);
@@ -185,7 +195,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       if (!active || i >= a.row_vectors) continue;
       float t[kLanes];
       reduce(k, i, t);
-      AddBias<kLanes>(a, group_offset, i, t);
+      AddBias<kLanes>(a, group, hidden, i, t);
       add_residual(k, i, t);
     }
   }
@@ -198,7 +208,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     if (!active || i >= a.row_vectors) continue;
     float v[kLanes], g[kLanes], y[kLanes];
     RL::Unpack(stored[k], v);
-    LoadFloatLanes<kLanes>(a.gamma + group_offset, i, g);
+    LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, g);
 #pragma unroll
     for (int j = 0; j < kLanes; ++j) y[j] = __fmul_rn(__fmul_rn(v[j], inv_rms), g[j]);
     emit_out(i, y);

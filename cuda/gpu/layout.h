@@ -242,6 +242,7 @@ struct RmsNormLaunchArgs : ProtocolArgs {
   int64_t rows;
   int64_t first_row;       // of this launch, within the call
   int64_t rows_per_group;  // >= 1
+  int32_t groups;          // rows of gamma (1 outside vmap)
   int64_t group_rows;      // two-shot
   int64_t rows_per_block;  // two-shot: rows of a group each block covers
   uint64_t slot_bytes;          // one-shot
