@@ -331,6 +331,26 @@ def suite_auto_paths(mesh, comm):
                       Case(rng, world, (3, 512), "bfloat16", post_norm=True),
                       Case(rng, world, (3, 512), "bfloat16", bias=True)]
             check_cases(mesh, comm, others, "auto", f"auto fused-only ({cheapest} cheapest)")
+            if not comm.psum_unavailable:  # the pair's derivatives are its ops' own
+                case = Case(rng, world, (4, 256), "float32", residual_dtype="float32")
+                args = (global_array(case.global_x(), mesh, P("tp")),
+                        global_array(case.residual, mesh, P()), global_array(case.gamma, mesh, P()))
+                weights = jnp.asarray(random_normal(rng, (4, 256), np.float32))
+
+                def grads(fn):
+                    sm = jax.shard_map(fn, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                                       out_specs=(P(), P()))
+                    loss = lambda *a: (jnp.sum(jnp.sin(sm(*a)[0]) * weights)  # noqa: E731
+                                       + jnp.sum(sm(*a)[1] ** 2))
+                    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)
+
+                got = grads(lambda a, b, c: jax_ar.all_reduce_rms_norm(a, b, c, "tp"))
+                want = grads(lambda a, b, c: unfused(a, b, c))
+                for name, g, w in zip(("x", "residual", "gamma"), got, want):
+                    for (device, _, gd), (_, _, wd) in zip(local_shards(g), local_shards(w)):
+                        np.testing.assert_allclose(
+                            gd, wd, rtol=2e-5, atol=2e-5 * float(np.abs(wd).max()),
+                            err_msg=f"auto ({cheapest} cheapest) grad wrt {name} on {device}")
     if saved is None:
         os.environ.pop("JAX_AR_TABLE", None)
     else:
