@@ -237,8 +237,16 @@ def bench_fused(args):
     world = comm.world_size
     # One id for this run's key-value entries, the same on every rank.
     run_id = timing.gather("rms_norm_bench", "run_id", uuid.uuid4().hex, 300)[0]
+    def fused_algorithm(x):
+        """The fused kernel's protocol as the table picks it (algorithm="auto"
+        may run the pair instead, which is the other column)."""
+        path = jax_ar.selection.choose_norm_path(comm, x.size * x.dtype.itemsize,
+                                                 ("fused_oneshot", "fused_twoshot"))
+        return path[len("fused_"):]
+
     steps = {
-        "fused": lambda x, r, g: (*jax_ar.all_reduce_rms_norm(x, r, g, "tp", eps=EPS), g),
+        "fused": lambda x, r, g: (*jax_ar.all_reduce_rms_norm(
+            x, r, g, "tp", eps=EPS, algorithm=fused_algorithm(x)), g),
         "separate": lambda x, r, g: (*jax_ar.rms_norm(jax_ar.all_reduce(x, "tp"), g, eps=EPS,
                                                       residual=r), g),
     }

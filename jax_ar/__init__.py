@@ -9,6 +9,7 @@ __path__ = _pkgutil.extend_path(__path__, __name__)
 
 from ._checked import checked  # noqa: E402
 from ._collectives import all_gather, all_reduce, reduce_scatter  # noqa: E402
+from ._linear import matmul_all_reduce  # noqa: E402
 from ._norms import all_reduce_rms_norm, rms_norm  # noqa: E402
 from ._setup import setup  # noqa: E402
 from ._version import __version__  # noqa: E402,F401
@@ -23,6 +24,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_rms_norm",
     "checked",
+    "matmul_all_reduce",
     "reduce_scatter",
     "rms_norm",
     "setup",

@@ -17,9 +17,11 @@ import jax
 __all__ = [
     "check_vma_enabled",
     "distributed_client",
+    "has_explicit_sharding",
     "lowering_mesh",
     "pcast_to_varying",
     "requires_devices_during_lowering",
+    "shaped_array",
     "shard_map_mesh",
     "unreduced_axes",
     "varying_axes",
@@ -158,3 +160,23 @@ def lowering_mesh(ctx):
         if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
             return mesh
     return None
+
+
+def shaped_array(shape: tuple, dtype):
+    """An abstract value of this shape and dtype (no sharding, no varying
+    axes), for primitives whose result is not shaped like an operand."""
+    core = getattr(jax.core, "ShapedArray", None)
+    if core is None:  # moved out of the public namespace
+        from jax._src.core import ShapedArray as core
+    return core(tuple(shape), dtype)
+
+
+def has_explicit_sharding(aval) -> bool:
+    """Whether `aval` carries its sharding in its type (a mesh with Explicit
+    axes, jax's default for jax.make_mesh); Auto axes leave it to XLA."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True):
+        return False
+    explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+    return any(t == explicit for t in getattr(mesh, "axis_types", ()))

@@ -14,20 +14,23 @@ from .ops._axes import classify_axes, communicator_for, normalize_axes
 from .ops._primitive import call_lax, log_lax
 from .ops.all_reduce_rms_norm import composed, fused_or_composed
 from .ops.multi_axis import all_reduce_over
-from .ops.norm_math import reference
-from .ops.rms_norm import SUPPORTED_DTYPES, rms_norm_p
+from .ops.norm_math import reference, scale_vector
+from .ops.rms_norm import SUPPORTED_DTYPES, kernel_takes_residual, rms_norm_p
 
 __all__ = ["all_reduce_rms_norm", "rms_norm"]
 
 
-def rms_norm(x, gamma, eps=1e-6, residual=None):
+def rms_norm(x, gamma, eps=1e-6, residual=None, scale_offset=0.0):
     """RMSNorm over the last dimension, optionally after a residual add.
 
-    Without `residual`: returns out = x * rsqrt(mean(x^2, -1) + eps) * gamma.
-    With `residual`: returns (out, residual_out) where residual_out = x +
-    residual (rounded to x's dtype) and out is the norm of residual_out.
-    Arithmetic in float32, one rounding per output. x: [..., H] of float32,
-    bfloat16 or float16; gamma: [H] and residual: like x, same dtype.
+    Without `residual`: returns out = x * rsqrt(mean(x^2, -1) + eps) *
+    (gamma + scale_offset). With `residual`: returns (out, residual_out)
+    where residual_out = x + residual (rounded to the residual's dtype) and
+    out is the norm of residual_out. Arithmetic in float32, one rounding per
+    output; out has x's dtype. x: [..., H] of float32, bfloat16 or float16;
+    residual: like x, of any of those dtypes (a float32 residual stream
+    beside 16-bit x runs in the kernel); gamma: [H] of any float dtype.
+    scale_offset=1.0 is Gemma's zero-centred (1 + scale).
 
     Works in plain jit on sharded arrays (leading dims keep their sharding,
     the last is gathered), inside shard_map, under vmap, and is
@@ -36,7 +39,12 @@ def rms_norm(x, gamma, eps=1e-6, residual=None):
     op = "jax_ar.rms_norm"
     x, residual, gamma = _check_operands(op, x, residual, gamma)
     eps = _check_eps(op, eps)
-    if np.size(x) == 0:  # nothing for a kernel to do
+    gamma = scale_vector(gamma, _check_offset(op, scale_offset))
+    reason = None if residual is None else kernel_takes_residual(x.dtype, residual.dtype)
+    if reason is not None:
+        config.log_once(("rms_norm dtypes", reason),
+                        f"jax_ar: rms_norm lowers to XLA's own ops: {reason}")
+    if np.size(x) == 0 or reason is not None:  # nothing for a kernel to do
         outs = reference(x, gamma, eps, residual)
     elif residual is None:
         outs = rms_norm_p.bind(x, gamma, eps=eps)
@@ -46,17 +54,28 @@ def rms_norm(x, gamma, eps=1e-6, residual=None):
 
 
 def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto",
-                        quant_scale=None):
-    """Inside jax.shard_map: residual_out = all_reduce(x) + residual and out =
-    RMSNorm(residual_out) * gamma, both invariant over `axis_name`.
+                        quant_scale=None, scale_offset=0.0, post_gamma=None, bias=None):
+    """Inside jax.shard_map: the tensor-parallel block boundary in one call,
+    both results invariant over `axis_name`:
 
-    x: this rank's partial sums [..., H] (float32, bfloat16 or float16);
-    residual: like x, and gamma: [H], the same on every rank and of x's dtype.
-    The sum and the norm run in float32; residual_out is rounded to x's dtype
-    and the norm reads that rounded value. With quant_scale (a positive
-    scalar), out is float8_e4m3fn: saturate(out / quant_scale) to +-448.
-    algorithm: "auto" | "oneshot" | "twoshot" | "psum". Returns (out,
-    residual_out). Differentiable except with quant_scale.
+        y = all_reduce(x) (+ bias)
+        with post_gamma: y = rms(y) * (post_gamma + scale_offset)
+        residual_out = y + residual                       (residual's dtype)
+        out = rms(residual_out) * (gamma + scale_offset)   (x's dtype)
+
+    where rms(v) = v * rsqrt(mean(v^2, -1) + eps), all in float32 (the sum
+    over ranks is the float32 rank-order sum). x: this rank's partial sums
+    [..., H] (float32, bfloat16 or float16); residual: like x, of any of
+    those dtypes; gamma, post_gamma, bias: [H] of any float dtype, the same
+    on every rank (bias is added once, after the reduction). scale_offset=1.0
+    is Gemma's (1 + scale); post_gamma is Gemma 2/3's post-norm. With
+    quant_scale (a positive scalar), out is float8_e4m3fn: saturate(out /
+    quant_scale) to +-448. algorithm: "auto" | "oneshot" | "twoshot" |
+    "psum" ("oneshot"/"twoshot" force the fused kernel; "auto" may run
+    jax_ar.all_reduce then jax_ar.rms_norm where the cost table says that is
+    faster, see docs/rms_norm.md). Returns (out, residual_out).
+    Differentiable except with quant_scale; under vmap gamma may differ per
+    batch member (stacked layers).
     """
     op = "jax_ar.all_reduce_rms_norm"
     if not isinstance(algorithm, str) or algorithm not in config.ALGORITHMS:
@@ -64,27 +83,33 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
     if residual is None:
         raise TypeError(f"{op}: residual is required (pass zeros for a block without one)")
     x, residual, gamma = _check_operands(op, x, residual, gamma)
+    post_gamma = _check_vector(op, "post_gamma", post_gamma, x)
+    bias = _check_vector(op, "bias", bias, x)
     eps = _check_eps(op, eps)
+    offset = _check_offset(op, scale_offset)
     quantize = quant_scale is not None
     scale = _check_quant_scale(quant_scale) if quantize else jnp.ones((), jnp.float32)
     axes = normalize_axes(axis_name, op)
     kinds = classify_axes(axes, op)
     if algorithm == "auto":
         algorithm = config.algorithm_override() or "auto"
+    gamma = scale_vector(gamma, offset)
+    post_gamma = None if post_gamma is None else scale_vector(post_gamma, offset)
+    bias = None if bias is None else bias.astype(jnp.float32)
     if len(axes) == 1 and kinds.mesh:  # the fused kernel's case
         comm = communicator_for(axes[0], op)
         if comm is not None:
-            return fused_or_composed(x, residual, gamma, scale, axes, comm, eps, algorithm,
-                                     quantize)
+            return fused_or_composed(x, residual, gamma, post_gamma, bias, scale, axes, comm,
+                                     eps, algorithm, quantize)
         reduce = functools.partial(jax.lax.psum, axis_name=axes)
     elif not axes:
-        reduce = lambda v: v  # a sum over no axis
+        reduce = lambda v: v  # a sum over no axis  # noqa: E731
     elif kinds.positional:
         log_lax(op, axes, "jax.lax.psum", f"positional axes {kinds.positional}")
-        reduce = lambda v: call_lax(op, "jax.lax.psum", jax.lax.psum, v, axes)
+        reduce = lambda v: call_lax(op, "jax.lax.psum", jax.lax.psum, v, axes)  # noqa: E731
     else:  # several axes, vmap axes, size-1 axes: all_reduce's composition
-        reduce = lambda v: all_reduce_over([v], kinds, "sum", algorithm, op)[0]
-    return composed(x, residual, gamma, scale, reduce, eps, quantize)
+        reduce = lambda v: all_reduce_over([v], kinds, "sum", algorithm, op)[0]  # noqa: E731
+    return composed(x, residual, gamma, post_gamma, bias, scale, reduce, eps, quantize)
 
 
 # ----------------------------------------------------------------------------
@@ -102,39 +127,63 @@ def _check_eps(op: str, eps) -> float:
     return value
 
 
+def _check_offset(op: str, scale_offset) -> float:
+    """scale_offset as a Python float, or a clear error."""
+    if isinstance(scale_offset, bool) or not isinstance(scale_offset, numbers.Real):
+        raise TypeError(f"{op}: scale_offset must be a Python float (0.0, or 1.0 for Gemma's "
+                        f"1 + scale), got {type(scale_offset).__name__} {scale_offset!r}")
+    value = float(scale_offset)
+    if not np.isfinite(value):
+        raise ValueError(f"{op}: scale_offset must be finite, got {scale_offset!r}")
+    return value
+
+
+def _as_array(op: str, name: str, a):
+    if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+        try:
+            a = jnp.asarray(a)
+        except TypeError:
+            raise TypeError(f"{op}: {name} must be an array, got {type(a).__name__}") from None
+    return a
+
+
+def _check_vector(op: str, name: str, v, x):
+    """A per-feature vector (gamma, post_gamma, bias): None, or [H] of a
+    float dtype."""
+    if v is None:
+        return None
+    v = _as_array(op, name, v)
+    if not jnp.issubdtype(v.dtype, jnp.floating):
+        raise TypeError(f"{op}: {name} has dtype {np.dtype(v.dtype)}; it must be a float dtype")
+    hidden = x.shape[-1]
+    if tuple(v.shape) != (hidden,):
+        raise ValueError(f"{op}: {name} has shape {tuple(v.shape)}, expected ({hidden},) "
+                         f"for x of shape {tuple(x.shape)} (one value per hidden feature)")
+    return v
+
+
 def _check_operands(op: str, x, residual, gamma):
-    """Converts to arrays and checks dtypes and shapes: x [..., H], residual
-    like x (if given), gamma [H], all of one float dtype jax_ar serves."""
-    names = ("x", "residual", "gamma")
-    arrays = []
-    for name, a in zip(names, (x, residual, gamma)):
-        if a is None:
-            arrays.append(None)
-            continue
-        if not hasattr(a, "dtype") or not hasattr(a, "shape"):
-            try:
-                a = jnp.asarray(a)
-            except TypeError:
-                raise TypeError(f"{op}: {name} must be an array, got {type(a).__name__}") from None
-        arrays.append(a)
-    x, residual, gamma = arrays
+    """Converts to arrays and checks dtypes and shapes: x [..., H] and
+    residual like x (if given), each of a float dtype jax_ar serves; gamma
+    [H] of any float dtype."""
+    x = _as_array(op, "x", x)
     dtype = np.dtype(x.dtype)
+    supported = ", ".join(str(d) for d in SUPPORTED_DTYPES)
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{op}: x has dtype {dtype}; supported: "
-                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
-    for name, a in (("residual", residual), ("gamma", gamma)):
-        if a is not None and np.dtype(a.dtype) != dtype:
-            raise TypeError(f"{op}: {name} has dtype {np.dtype(a.dtype)} but x has {dtype}; "
-                            f"cast them to one dtype")
+        raise TypeError(f"{op}: x has dtype {dtype}; supported: {supported}")
     if np.ndim(x) < 1:
         raise ValueError(f"{op}: x must have at least one dimension (the hidden one), got a scalar")
-    if residual is not None and tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(f"{op}: residual has shape {tuple(residual.shape)} but x has "
-                         f"{tuple(x.shape)}; they must match")
-    hidden = x.shape[-1]
-    if tuple(gamma.shape) != (hidden,):
-        raise ValueError(f"{op}: gamma has shape {tuple(gamma.shape)}, expected ({hidden},) "
-                         f"for x of shape {tuple(x.shape)} (one scale per hidden feature)")
+    if residual is not None:
+        residual = _as_array(op, "residual", residual)
+        if np.dtype(residual.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"{op}: residual has dtype {np.dtype(residual.dtype)}; supported: "
+                            f"{supported}")
+        if tuple(residual.shape) != tuple(x.shape):
+            raise ValueError(f"{op}: residual has shape {tuple(residual.shape)} but x has "
+                             f"{tuple(x.shape)}; they must match")
+    if gamma is None:
+        raise TypeError(f"{op}: gamma is required (ones for a norm without a scale)")
+    gamma = _check_vector(op, "gamma", gamma, x)
     return x, residual, gamma
 
 

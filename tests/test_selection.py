@@ -136,7 +136,10 @@ BAD_TABLES = {
     "world size": (valid_doc(world_size=8), "world_size=8"),
     "platform": (valid_doc(platform="gpu"), "platform='gpu'"),
     "missing algorithm": ({**valid_doc(), "algorithms": {"oneshot": [], "psum": []}},
-                         "exactly ['oneshot', 'twoshot', 'psum']"),
+                         "exactly ['oneshot', 'twoshot', 'psum', 'fused_oneshot'"),
+    "schema 1 with norm curves": (valid_doc(schema_version=1),
+                                  "exactly ['oneshot', 'twoshot', 'psum'] (schema 1)"),
+    "schema version type": (valid_doc(schema_version="2"), "schema_version='2'"),
     "negative slope": (bad_segments(curve=[
         {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": -1.0}]), "must not be negative"),
     "open middle": (bad_segments(curve=[
@@ -168,6 +171,43 @@ def test_bad_table_is_rejected_naming_the_file(case, tmp_path, monkeypatch):
     # Never silently replaced by the defaults on a later call either.
     with pytest.raises(_table.TableError):
         selection.table_for("cpu", "cpu", 2)
+
+
+def test_schema_1_table_loads_with_default_norm_curves(tmp_path, monkeypatch):
+    """A table tuned before the norm paths were selected keeps serving its
+    all-reduce curves; the norm paths take the shipped defaults."""
+    doc = valid_doc(schema_version=1)
+    for name in _table.NORM_PATHS:
+        del doc["algorithms"][name]
+    doc["algorithms"]["psum"] = [{"up_to_bytes": None, "latency_us": 0.0, "us_per_mb": 0.0}]
+    path = write(tmp_path / "old.json", doc)
+    monkeypatch.setenv("JAX_AR_TABLE", path)
+    table = selection.table_for("cpu", "cpu", 2)
+    assert table.source.startswith(path) and "fused_oneshot" in table.source, table.source
+    assert selection.choose_algorithm("cpu", 2, 4096, device_kind="cpu") == "psum"
+    defaults = selection.default_table("cpu", "cpu", 2)
+    for name in _table.NORM_PATHS:
+        assert table.curves[name] == defaults.curves[name]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_gpu_norm_defaults_reproduce_the_measured_choice(world):
+    """The shipped GPU curves of all_reduce_rms_norm's paths (docs/rms_norm.md,
+    2 ranks on one H200): fused up to 4 MB, the pair at 8 and 16 MB; every
+    path's prediction grows with the size."""
+    table = selection.default_table("gpu", "NVIDIA H200", world)
+    def best(nbytes):
+        return min(selection.NORM_PATHS, key=lambda p: table.call_us(p, nbytes))
+    for nbytes in (8192, 16384, 131072, 262144, 1 << 20, 2 << 20, 4 << 20):
+        assert best(nbytes).startswith("fused"), nbytes
+    for nbytes in (8 << 20, 16 << 20):
+        assert best(nbytes) == "composed", nbytes
+    for path in selection.NORM_PATHS:
+        times = [table.call_us(path, s) for s in SIZES]
+        assert all(b >= a for a, b in zip(times, times[1:])), path
+    # What the file form keeps is what load_table reads back.
+    for path in selection.NORM_PATHS:
+        _table._parse_curve(_table.table_to_json(table, VERSION)["algorithms"][path])
 
 
 def test_missing_table_file_is_an_error(tmp_path, monkeypatch):

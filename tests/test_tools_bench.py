@@ -117,7 +117,8 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
                    "2", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
-    assert {r["algorithm"] for r in results} == {"fused", "all_reduce+norm", "psum+norm"}
+    assert {r["algorithm"] for r in results} == {"fused", "all_reduce+rms_norm", "psum+norm",
+                                                 "auto"}
     assert all(r["wrong"] == 0 for r in results), results
 
 
@@ -141,16 +142,20 @@ def test_bench_rejects_bad_options(args, message, capsys):
 
 def test_tune_writes_a_table_later_runs_accept(tmp_path):
     path = tmp_path / "table.json"
-    proc = run_cli("tune", *PLATFORM, "-N", "2", "-b", "1K", "-e", "4K", "--repeats", "3",
+    proc = run_cli("tune", *PLATFORM, "-N", "2", "-b", "1K", "-e", "16K", "--repeats", "3",
                    "--min-sample-ms", "2", "--out", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"# wrote {path}" in proc.stdout
     doc = json.loads(path.read_text())
     table = _table.load_table(str(path), doc["platform"], doc["device_kind"], 2, VERSION)
-    assert set(table.curves) == {"oneshot", "twoshot", "psum"}
+    assert set(table.curves) == set(_table.CURVES)
     assert sorted(doc["measurements"]["oneshot"])[0][0] == 1024
     if not ON_GPU:
-        assert len(doc["measurements"]["psum"]) == 3
+        assert len(doc["measurements"]["psum"]) == 5
+    # all_reduce_rms_norm's paths: whole calls of 1 and 2 rows of 4096 bfloat16.
+    for path_name in _table.NORM_PATHS:
+        assert sorted(b for b, _ in doc["measurements"][path_name]) == [8192, 16384], path_name
+        assert path_name not in doc["notes"], doc["notes"]
 
 
 def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):

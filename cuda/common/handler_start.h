@@ -55,19 +55,18 @@ std::shared_ptr<State> StartAllGather(int64_t comm_id, int device_ordinal,
   return state;
 }
 
-// Sets rows and hidden as CheckAllReduceRmsNormCall does.
+// Sets rows, hidden and vectors as CheckAllReduceRmsNormCall does.
 template <typename State>
-std::shared_ptr<State> StartAllReduceRmsNorm(int64_t comm_id, int device_ordinal,
-                                             int32_t algorithm, int32_t quantize,
-                                             const ffi::AnyBuffer& x,
-                                             const ffi::AnyBuffer& residual,
-                                             const ffi::AnyBuffer& gamma,
-                                             const ffi::AnyBuffer& out,
-                                             const ffi::AnyBuffer& residual_out, float eps,
-                                             size_t& rows, size_t& hidden, ffi::Error& error) {
+std::shared_ptr<State> StartAllReduceRmsNorm(
+    int64_t comm_id, int device_ordinal, int32_t algorithm, int32_t quantize,
+    const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual, const ffi::AnyBuffer& gamma,
+    const ffi::AnyBuffer& post_gamma, const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out,
+    const ffi::AnyBuffer& residual_out, float eps, size_t& rows, size_t& hidden,
+    NormVectors& vectors, ffi::Error& error) {
   constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
   if (error = CheckAllReduceRmsNormCall(OperationName(kOperation), algorithm, quantize, x,
-                                        residual, gamma, out, residual_out, eps, rows, hidden);
+                                        residual, gamma, post_gamma, bias, out, residual_out, eps,
+                                        rows, hidden, vectors);
       error.failure()) {
     return nullptr;
   }

@@ -1,7 +1,9 @@
-// FFI handler of jax_ar.all_reduce_rms_norm on CPU devices:
+// FFI handler of jax_ar.all_reduce_rms_norm on CPU devices (operands as
+// common/rms_norm_args.h lists them). Per row, in float32:
 //
-//   t            = float32 sum of x over ranks (rank order 0..N-1) + float32(residual)
-//   residual_out = round(t)
+//   t            = sum of x over ranks (rank order 0..N-1), + bias if given
+//   with post_gamma: t = t * inverse_rms(t) * post_gamma
+//   residual_out = round(t + float32(residual))     (the residual's type)
 //   out          = norm(float32(residual_out)) * gamma, in x's type, or with
 //                  quantize=1 float8_e4m3fn(saturate(that / scale))
 //
@@ -20,22 +22,24 @@ namespace {
 
 constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 
-template <typename Traits>
+template <typename XTraits, typename RTraits>
 ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::AnyBuffer& x,
                               const ffi::AnyBuffer& residual, const ffi::AnyBuffer& gamma,
-                              float scale, bool quantize, ffi::AnyBuffer& out,
-                              ffi::AnyBuffer& residual_out, size_t rows, size_t hidden,
-                              float eps) {
-  using Storage = typename Traits::Storage;
+                              const ffi::AnyBuffer& post_gamma, const ffi::AnyBuffer& bias,
+                              const NormVectors& vectors, float scale, bool quantize,
+                              ffi::AnyBuffer& out, ffi::AnyBuffer& residual_out, size_t rows,
+                              size_t hidden, float eps) {
+  using Storage = typename XTraits::Storage;
+  using ResidualStorage = typename RTraits::Storage;
   const size_t count = rows * hidden;
   const auto* xs = static_cast<const Storage*>(x.untyped_data());
   std::vector<float> widened;
   const float* partial = nullptr;
-  if constexpr (std::is_same_v<Storage, float>) {
+  if constexpr (std::is_same_v<XTraits, F32Traits>) {
     partial = xs;
   } else {
     widened.resize(count);
-    for (size_t i = 0; i < count; ++i) widened[i] = Traits::Load(xs[i]);
+    for (size_t i = 0; i < count; ++i) widened[i] = XTraits::Load(xs[i]);
     partial = widened.data();
   }
   std::vector<float> summed(count);
@@ -47,26 +51,37 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
   Message message({segment}, ReduceOp::kSum, algorithm, state.world, kOperation);
   if (auto error = RunAllReduce(state, message); error.failure()) return error;
 
-  const auto* rs = static_cast<const Storage*>(residual.untyped_data());
-  const auto* gs = static_cast<const Storage*>(gamma.untyped_data());
-  auto* ros = static_cast<Storage*>(residual_out.untyped_data());
+  const auto* rs = static_cast<const ResidualStorage*>(residual.untyped_data());
+  auto* ros = static_cast<ResidualStorage*>(residual_out.untyped_data());
+  const auto* gammas = static_cast<const float*>(gamma.untyped_data());
+  const auto* post_gammas = static_cast<const float*>(post_gamma.untyped_data());
+  const auto* biases = static_cast<const float*>(bias.untyped_data());
   std::vector<float> v(hidden);
   for (size_t row = 0; row < rows; ++row) {
     const size_t base = row * hidden;
+    const size_t group = (row / vectors.rows_per_group) * hidden;  // this row's scale vectors
+    float* t = summed.data() + base;
+    if (vectors.bias) {
+      for (size_t i = 0; i < hidden; ++i) t[i] += biases[group + i];
+    }
+    if (vectors.post_norm) {
+      // The post-norm (Gemma 2/3) of the float32 sum, not rounded before
+      // the residual add.
+      NormalizeRow(t, post_gammas + group, hidden, eps, [&](size_t i, float y) { t[i] = y; });
+    }
     for (size_t i = 0; i < hidden; ++i) {
-      const Storage rounded = Traits::Store(summed[base + i] + Traits::Load(rs[base + i]));
+      const ResidualStorage rounded = RTraits::Store(t[i] + RTraits::Load(rs[base + i]));
       ros[base + i] = rounded;
-      v[i] = Traits::Load(rounded);
+      v[i] = RTraits::Load(rounded);
     }
     if (quantize) {
       auto* os = static_cast<uint8_t*>(out.untyped_data()) + base;
-      NormalizeRow<Traits>(v.data(), gs, hidden, eps, [&](size_t i, float y) {
-        os[i] = FloatToE4m3fnSaturated(y / scale);
-      });
+      NormalizeRow(v.data(), gammas + group, hidden, eps,
+                   [&](size_t i, float y) { os[i] = FloatToE4m3fnSaturated(y / scale); });
     } else {
       auto* os = static_cast<Storage*>(out.untyped_data()) + base;
-      NormalizeRow<Traits>(v.data(), gs, hidden, eps,
-                           [&](size_t i, float y) { os[i] = Traits::Store(y); });
+      NormalizeRow(v.data(), gammas + group, hidden, eps,
+                   [&](size_t i, float y) { os[i] = XTraits::Store(y); });
     }
   }
   return ffi::Error::Success();
@@ -74,27 +89,29 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
 
 ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
                                    ffi::AnyBuffer x,                          // [T, H], this rank's part
-                                   ffi::AnyBuffer residual,                   // [T, H]
-                                   ffi::AnyBuffer gamma,                      // [H]
+                                   ffi::AnyBuffer residual,                   // [T, H] x's type or f32
+                                   ffi::AnyBuffer gamma,                      // f32 [G, H]
+                                   ffi::AnyBuffer post_gamma,                 // f32 [G, H] or [0, H]
+                                   ffi::AnyBuffer bias,                       // f32 [G, H] or [0, H]
                                    ffi::BufferR0<ffi::F32> scale,             // read when quantize
                                    ffi::Result<ffi::AnyBuffer> out,           // [T, H] x's type or fp8
-                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] x's type
+                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] like residual
                                    int64_t comm_id,                           // Communicator.comm_id
                                    int32_t algorithm,                         // Algorithm
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
   size_t rows = 0, hidden = 0;
+  NormVectors vectors;
   ffi::Error error = ffi::Error::Success();
   auto state = StartAllReduceRmsNorm<RankState>(comm_id, device_ordinal, algorithm, quantize, x,
-                                                residual, gamma, *out, *residual_out, eps, rows,
-                                                hidden, error);
+                                                residual, gamma, post_gamma, bias, *out,
+                                                *residual_out, eps, rows, hidden, vectors, error);
   if (state == nullptr) return error;
-  const ffi::DataType dtype = x.element_type();
   const float scale_value = quantize ? *scale.typed_data() : 1.0f;
-  DispatchNormDtype(dtype, [&](auto traits) {
-    error = ReduceAndNormalize<decltype(traits)>(
-        *state, static_cast<Algorithm>(algorithm), x, residual, gamma, scale_value,
-        quantize != 0, *out, *residual_out, rows, hidden, eps);
+  DispatchNormDtypes(x.element_type(), residual.element_type(), [&](auto x_traits, auto r_traits) {
+    error = ReduceAndNormalize<decltype(x_traits), decltype(r_traits)>(
+        *state, static_cast<Algorithm>(algorithm), x, residual, gamma, post_gamma, bias, vectors,
+        scale_value, quantize != 0, *out, *residual_out, rows, hidden, eps);
   });
   return error;
 }
@@ -107,6 +124,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
                                   .Arg<ffi::AnyBuffer>()           // x
                                   .Arg<ffi::AnyBuffer>()           // residual
                                   .Arg<ffi::AnyBuffer>()           // gamma
+                                  .Arg<ffi::AnyBuffer>()           // post_gamma
+                                  .Arg<ffi::AnyBuffer>()           // bias
                                   .Arg<ffi::BufferR0<ffi::F32>>()  // scale
                                   .Ret<ffi::AnyBuffer>()           // out
                                   .Ret<ffi::AnyBuffer>()           // residual_out

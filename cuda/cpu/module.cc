@@ -146,15 +146,21 @@ NB_MODULE(_jax_ar_cpu, m) {
           // reports the CUDA handler's rule over its own share, which is what
           // Python decided the fused path by on CPU, so that CI takes the
           // paths a GPU would.
-          out["max_fused_row_bytes"] = LongestFittingRow(sender_share, [&](uint64_t row_bytes) {
-            return FusedGroupRows(sender_share, row_bytes, row_bytes) > 0;
-          });
+          const auto longest = [&](uint64_t residual_factor) {
+            return LongestFittingRow(sender_share, [&](uint64_t row_bytes) {
+              return FusedGroupRows(sender_share, row_bytes, residual_factor * row_bytes,
+                                    row_bytes) > 0;
+            });
+          };
+          out["max_fused_row_bytes"] = longest(1);
+          out["max_fused_row_bytes_f32_residual"] = longest(kWideResidualFactor);
           return out;
         },
         nb::arg("workspace_bytes"), nb::arg("world"),
         "Bytes one round carries per algorithm (oneshot, twoshot), a sender's share of a data "
-        "half (sender_share), and the longest row all_reduce_rms_norm fuses "
-        "(max_fused_row_bytes).");
+        "half (sender_share), and the longest row of x all_reduce_rms_norm fuses with a "
+        "residual of x's type (max_fused_row_bytes) and with a float32 residual beside 16-bit "
+        "x (max_fused_row_bytes_f32_residual).");
 
   m.def("limits", &CommonLimits,
         "max_ranks, control_bytes, and the rows the norm kernels take (vector_bytes, "

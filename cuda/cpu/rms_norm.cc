@@ -1,5 +1,6 @@
 // FFI handlers of jax_ar.rms_norm on CPU devices: jax_ar_rms_norm (x, gamma
-// -> out) and jax_ar_add_rms_norm (x, residual, gamma -> out, residual_out).
+// -> out) and jax_ar_add_rms_norm (x, residual, gamma -> out, residual_out);
+// operands as common/rms_norm_args.h lists them.
 #include "cpu/rms_norm.h"
 
 #include <string>
@@ -9,33 +10,36 @@ namespace jax_ar::cpu {
 
 namespace {
 
-// Normalizes rows of x (+ residual) into out (and residual_out).
-template <typename Traits>
+// Normalizes rows of x (+ residual) into out (and residual_out). XTraits is
+// x's (and out's) type, RTraits the residual's (and residual_out's).
+template <typename XTraits, typename RTraits>
 void NormRows(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual, const ffi::AnyBuffer& gamma,
               ffi::AnyBuffer& out, ffi::AnyBuffer* residual_out, size_t rows, size_t hidden,
               float eps) {
-  using Storage = typename Traits::Storage;
+  using Storage = typename XTraits::Storage;
+  using ResidualStorage = typename RTraits::Storage;
   const auto* xs = static_cast<const Storage*>(x.untyped_data());
-  const auto* gs = static_cast<const Storage*>(gamma.untyped_data());
+  const auto* gs = static_cast<const float*>(gamma.untyped_data());
   auto* os = static_cast<Storage*>(out.untyped_data());
-  const Storage* rs = residual ? static_cast<const Storage*>(residual->untyped_data()) : nullptr;
-  Storage* ros = residual_out ? static_cast<Storage*>(residual_out->untyped_data()) : nullptr;
+  const auto* rs =
+      residual ? static_cast<const ResidualStorage*>(residual->untyped_data()) : nullptr;
+  auto* ros = residual_out ? static_cast<ResidualStorage*>(residual_out->untyped_data()) : nullptr;
   std::vector<float> v(hidden);
   for (size_t row = 0; row < rows; ++row) {
     const size_t base = row * hidden;
     for (size_t i = 0; i < hidden; ++i) {
-      float value = Traits::Load(xs[base + i]);
+      float value = XTraits::Load(xs[base + i]);
       if (rs != nullptr) {
-        // The residual stream is kept in x's type: round the sum, and
+        // The residual stream is kept in its own type: round the sum, and
         // normalize what was stored, so out is the norm of residual_out.
-        const Storage rounded = Traits::Store(value + Traits::Load(rs[base + i]));
+        const ResidualStorage rounded = RTraits::Store(value + RTraits::Load(rs[base + i]));
         ros[base + i] = rounded;
-        value = Traits::Load(rounded);
+        value = RTraits::Load(rounded);
       }
       v[i] = value;
     }
-    NormalizeRow<Traits>(v.data(), gs, hidden, eps,
-                         [&](size_t i, float y) { os[base + i] = Traits::Store(y); });
+    NormalizeRow(v.data(), gs, hidden, eps,
+                 [&](size_t i, float y) { os[base + i] = XTraits::Store(y); });
   }
 }
 
@@ -48,25 +52,26 @@ ffi::Error Run(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer* re
       error.failure()) {
     return error;
   }
-  const ffi::DataType dtype = x.element_type();
-  DispatchNormDtype(dtype, [&](auto traits) {
-    NormRows<decltype(traits)>(x, residual, gamma, out, residual_out, rows, hidden, eps);
+  const ffi::DataType residual_dtype = residual ? residual->element_type() : x.element_type();
+  DispatchNormDtypes(x.element_type(), residual_dtype, [&](auto x_traits, auto r_traits) {
+    NormRows<decltype(x_traits), decltype(r_traits)>(x, residual, gamma, out, residual_out, rows,
+                                                     hidden, eps);
   });
   return ffi::Error::Success();
 }
 
 ffi::Error RmsNormHandler(ffi::AnyBuffer x,                 // [..., hidden]
-                          ffi::AnyBuffer gamma,             // [hidden]
+                          ffi::AnyBuffer gamma,             // float32 [hidden]
                           ffi::Result<ffi::AnyBuffer> out,  // like x
                           float eps) {
   return Run("rms_norm", x, nullptr, gamma, *out, nullptr, eps);
 }
 
 ffi::Error AddRmsNormHandler(ffi::AnyBuffer x,                          // [..., hidden]
-                             ffi::AnyBuffer residual,                   // like x
-                             ffi::AnyBuffer gamma,                      // [hidden]
+                             ffi::AnyBuffer residual,                   // x's type or float32
+                             ffi::AnyBuffer gamma,                      // float32 [hidden]
                              ffi::Result<ffi::AnyBuffer> out,           // like x
-                             ffi::Result<ffi::AnyBuffer> residual_out,  // round(x + residual)
+                             ffi::Result<ffi::AnyBuffer> residual_out,  // like residual
                              float eps) {
   return Run("rms_norm", x, &residual, gamma, *out, &(*residual_out), eps);
 }

@@ -2,10 +2,10 @@
 // handlers (rms_norm.cc) and the fused all-reduce + residual + RMSNorm
 // handler (all_reduce_rms_norm.cc), and the handlers' symbols.
 //
-// Contract (the CUDA kernels follow it too): v is a float32 row; out =
-// round(v * rsqrt(mean(v * v) + eps) * float32(gamma)), evaluated left to
-// right in float32 and rounded once to the output type (round to nearest
-// even). With an FP8 output the float32 value is divided by the scale,
+// Contract (the CUDA kernels follow it too): v is a float32 row, gamma a
+// float32 vector; out = round(v * rsqrt(mean(v * v) + eps) * gamma),
+// evaluated left to right in float32 and rounded once to the output type
+// (round to nearest even). With an FP8 output the float32 value is divided by the scale,
 // saturated to +-448 and rounded to float8_e4m3fn; NaN stays NaN.
 #pragma once
 
@@ -55,12 +55,12 @@ inline uint8_t FloatToE4m3fnSaturated(float f) {
   return sign | static_cast<uint8_t>((exponent << 3) | mantissa);
 }
 
-// Writes row `v` normalized and scaled by `gamma` through store(i, value).
-template <typename Traits, typename Store>
-void NormalizeRow(const float* v, const typename Traits::Storage* gamma, size_t hidden,
-                  float eps, Store&& store) {
+// Writes row `v` normalized and scaled by the float32 `gamma` through
+// store(i, value).
+template <typename Store>
+void NormalizeRow(const float* v, const float* gamma, size_t hidden, float eps, Store&& store) {
   const float inv_rms = InverseRms(v, hidden, eps);
-  for (size_t i = 0; i < hidden; ++i) store(i, v[i] * inv_rms * Traits::Load(gamma[i]));
+  for (size_t i = 0; i < hidden; ++i) store(i, v[i] * inv_rms * gamma[i]);
 }
 
 // The floating types the norms serve.
@@ -72,6 +72,19 @@ bool DispatchNormDtype(ffi::DataType dtype, Fn&& fn) {
     case ffi::DataType::F16: fn(F16Traits{}); return true;
     default: return false;
   }
+}
+
+// fn(x traits, residual traits) for a residual of x's type or float32 (the
+// pairs rms_norm_args.h lets through).
+template <typename Fn>
+bool DispatchNormDtypes(ffi::DataType x_dtype, ffi::DataType residual_dtype, Fn&& fn) {
+  return DispatchNormDtype(x_dtype, [&](auto x_traits) {
+    if (residual_dtype == ffi::DataType::F32) {
+      fn(x_traits, F32Traits{});
+    } else {
+      fn(x_traits, x_traits);
+    }
+  });
 }
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kRmsNorm);

@@ -4,6 +4,7 @@
 // takes several launches of whole rows (all captured in the same graph).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -21,15 +22,17 @@ constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 constexpr const char* kOp = "all_reduce_rms_norm";
 ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 
-uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, int64_t rows, int64_t hidden,
-                   int32_t quantize, float eps) {
+uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, Dtype residual_dtype, int64_t rows,
+                   int64_t hidden, int32_t quantize, float eps, const NormVectors& vectors) {
   uint32_t eps_bits;
   std::memcpy(&eps_bits, &eps, sizeof(eps_bits));
   uint64_t hash = HashMix(kFnvOffset, 0x52534e4f524dull);  // "RSNORM": never an all_reduce's
   for (uint64_t v : {static_cast<uint64_t>(algorithm), static_cast<uint64_t>(world),
-                     static_cast<uint64_t>(dtype), static_cast<uint64_t>(rows),
-                     static_cast<uint64_t>(hidden), static_cast<uint64_t>(quantize),
-                     static_cast<uint64_t>(eps_bits)}) {
+                     static_cast<uint64_t>(dtype), static_cast<uint64_t>(residual_dtype),
+                     static_cast<uint64_t>(rows), static_cast<uint64_t>(hidden),
+                     static_cast<uint64_t>(quantize), static_cast<uint64_t>(eps_bits),
+                     static_cast<uint64_t>(vectors.groups), static_cast<uint64_t>(vectors.post_norm),
+                     static_cast<uint64_t>(vectors.bias)}) {
     hash = HashMix(hash, v);
   }
   return hash;
@@ -38,8 +41,10 @@ uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, int64_t rows, in
 // What the kernel needs beyond what both backends check: [tokens, hidden]
 // operands, a hidden size it serves, 16-byte aligned buffers.
 ffi::Error CheckKernelTakes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
-                            const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& out,
-                            const ffi::AnyBuffer& residual_out, int64_t hidden) {
+                            const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& post_gamma,
+                            const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out,
+                            const ffi::AnyBuffer& residual_out, const NormVectors& vectors,
+                            int64_t hidden) {
   if (x.dimensions().size() != 2) return Invalid("x must be [tokens, hidden], got " + ShapeText(x));
   const auto lanes = static_cast<int64_t>(kNormVectorBytes / DtypeBytes(x.element_type()));
   if (hidden < kFusedMinHidden || hidden > kFusedMaxHidden || hidden % lanes != 0) {
@@ -47,45 +52,61 @@ ffi::Error CheckKernelTakes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& resid
                    ", " + std::to_string(kFusedMaxHidden) + "] that is a multiple of " +
                    std::to_string(lanes) + ", got " + std::to_string(hidden));
   }
+  // The kernels find a row's group by 32-bit division.
+  if (vectors.groups > 1 && x.element_count() / hidden > static_cast<size_t>(INT32_MAX)) {
+    return Invalid("rows with scale vectors per group must be fewer than 2^31, got " +
+                   std::to_string(x.element_count() / hidden));
+  }
   return CheckAligned(kOp, {x.untyped_data(), residual.untyped_data(), gamma.untyped_data(),
+                            vectors.post_norm ? post_gamma.untyped_data() : nullptr,
+                            vectors.bias ? bias.untyped_data() : nullptr,
                             residual_out.untyped_data(), out.untyped_data()});
 }
 
 ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                                    int32_t device_ordinal,                    // XLA's ordinal
                                    ffi::AnyBuffer x,                          // [T, H], this rank's part
-                                   ffi::AnyBuffer residual,                   // [T, H]
-                                   ffi::AnyBuffer gamma,                      // [H]
+                                   ffi::AnyBuffer residual,                   // [T, H] x's type or f32
+                                   ffi::AnyBuffer gamma,                      // f32 [G, H]
+                                   ffi::AnyBuffer post_gamma,                 // f32 [G, H] or [0, H]
+                                   ffi::AnyBuffer bias,                       // f32 [G, H] or [0, H]
                                    ffi::BufferR0<ffi::F32> scale,             // read when quantize
                                    ffi::Result<ffi::AnyBuffer> out,           // [T, H] x's type or fp8
-                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] x's type
+                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] like residual
                                    int64_t comm_id,                           // Communicator.comm_id
                                    int32_t algorithm,                         // Algorithm
                                    float eps,                                 // > 0
                                    int32_t quantize) {                        // 1: fp8 out
   size_t row_count = 0, hidden_size = 0;
+  NormVectors vectors;
   ffi::Error error = ffi::Error::Success();
   auto state = StartAllReduceRmsNorm<RankState>(comm_id, device_ordinal, algorithm, quantize, x,
-                                                residual, gamma, *out, *residual_out, eps,
-                                                row_count, hidden_size, error);
+                                                residual, gamma, post_gamma, bias, *out,
+                                                *residual_out, eps, row_count, hidden_size,
+                                                vectors, error);
   if (state == nullptr) return error;
   const int64_t rows = static_cast<int64_t>(row_count), hidden = static_cast<int64_t>(hidden_size);
-  if (auto error = CheckKernelTakes(x, residual, gamma, *out, *residual_out, hidden);
+  if (auto error = CheckKernelTakes(x, residual, gamma, post_gamma, bias, *out, *residual_out,
+                                    vectors, hidden);
       error.failure()) {
     return error;
   }
   if (rows == 0) return ffi::Error::Success();
   const size_t element_bytes = DtypeBytes(x.element_type());
+  const size_t residual_element_bytes = DtypeBytes(residual.element_type());
   const int64_t lanes = static_cast<int64_t>(kNormVectorBytes / element_bytes);
-  Dtype dtype;
-  ToDtype(x.element_type(), dtype);  // one of the three CheckAllReduceRmsNormCall accepts
+  Dtype dtype, residual_dtype;
+  // Both of the types CheckAllReduceRmsNormCall accepts.
+  ToDtype(x.element_type(), dtype);
+  ToDtype(residual.element_type(), residual_dtype);
 
   const int world = state->world;
   const uint64_t row_bytes = static_cast<uint64_t>(hidden) * element_bytes;
+  const uint64_t residual_row_bytes = static_cast<uint64_t>(hidden) * residual_element_bytes;
   const uint64_t out_row_bytes = static_cast<uint64_t>(hidden) * (quantize ? 1 : element_bytes);
   const DataLayout layout = state->layout();
   const auto rows_per_launch_of = [&](Algorithm a) {
-    return FusedRowsPerLaunch(layout, world, a, row_bytes, out_row_bytes);
+    return FusedRowsPerLaunch(layout, world, a, row_bytes, residual_row_bytes, out_row_bytes);
   };
   Algorithm algo = static_cast<Algorithm>(algorithm);
   // The LL region is a quarter of the data area: a row too long for it goes
@@ -97,24 +118,32 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
                    std::to_string(state->workspace_bytes) + " bytes for " + std::to_string(world) +
                    " ranks); set up the communicator with a larger workspace_bytes");
   }
-  const uint64_t signature = Signature(algo, world, dtype, rows, hidden, quantize, eps);
+  const uint64_t signature =
+      Signature(algo, world, dtype, residual_dtype, rows, hidden, quantize, eps, vectors);
   const RowPlan plan = PlanRow(static_cast<int>(hidden / lanes), kFusedVectorsPerThread);
   const int rows_at_once = plan.rows_per_block;
 
   RmsNormLaunchArgs a{};
   FillProtocolArgs(*state, kOperation, a);
-  a.gamma = gamma.untyped_data();
+  a.gamma = static_cast<const float*>(gamma.untyped_data());
+  a.post_gamma = vectors.post_norm ? static_cast<const float*>(post_gamma.untyped_data()) : nullptr;
+  a.bias = vectors.bias ? static_cast<const float*>(bias.untyped_data()) : nullptr;
+  a.rows_per_group = static_cast<int64_t>(vectors.rows_per_group);
+  a.groups = static_cast<int32_t>(vectors.groups);
   a.scale = scale.typed_data();
   a.row_vectors = static_cast<int32_t>(hidden / lanes);
   a.threads_per_row = plan.threads_per_row;
   a.eps = eps;
   a.quantize = quantize;
   a.dtype = dtype;
+  a.residual_dtype = residual_dtype;
   for (int64_t first = 0, index = 0; first < rows; first += rows_per_launch, ++index) {
     a.rows = std::min(rows_per_launch, rows - first);
+    a.first_row = first;
     a.x = static_cast<const std::byte*>(x.untyped_data()) + first * row_bytes;
-    a.residual = static_cast<const std::byte*>(residual.untyped_data()) + first * row_bytes;
-    a.residual_out = static_cast<std::byte*>(residual_out->untyped_data()) + first * row_bytes;
+    a.residual = static_cast<const std::byte*>(residual.untyped_data()) + first * residual_row_bytes;
+    a.residual_out =
+        static_cast<std::byte*>(residual_out->untyped_data()) + first * residual_row_bytes;
     a.out = static_cast<std::byte*>(out->untyped_data()) + first * out_row_bytes;
     a.signature =
         SignatureOf(kOperation, HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows));
@@ -125,7 +154,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
     } else {
       a.group_rows = (a.rows + world - 1) / world;
       a.phase0_slot_bytes = AlignUp(a.group_rows * row_bytes);
-      a.out_offset = AlignUp(a.group_rows * row_bytes);
+      a.out_offset = AlignUp(a.group_rows * residual_row_bytes);
       a.phase1_slot_bytes = a.out_offset + AlignUp(a.group_rows * out_row_bytes);
       blocks = (a.group_rows + rows_at_once - 1) / rows_at_once;
     }
@@ -148,6 +177,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
                                   .Arg<ffi::AnyBuffer>()           // x
                                   .Arg<ffi::AnyBuffer>()           // residual
                                   .Arg<ffi::AnyBuffer>()           // gamma
+                                  .Arg<ffi::AnyBuffer>()           // post_gamma
+                                  .Arg<ffi::AnyBuffer>()           // bias
                                   .Arg<ffi::BufferR0<ffi::F32>>()  // scale
                                   .Ret<ffi::AnyBuffer>()           // out
                                   .Ret<ffi::AnyBuffer>()           // residual_out

@@ -42,21 +42,25 @@ KernelPlan PlanKernel(const DataLayout& layout, int world, Algorithm algorithm, 
 uint64_t SenderShare(const DataLayout& layout, int world) { return layout.plain_half / world; }
 
 int64_t FusedRowsPerLaunch(const DataLayout& layout, int world, Algorithm algorithm,
-                           uint64_t row_bytes, uint64_t out_row_bytes) {
+                           uint64_t row_bytes, uint64_t residual_row_bytes,
+                           uint64_t out_row_bytes) {
   if (algorithm == Algorithm::kOneShot) {
     // Every sender's rows of x as LL packets (twice their bytes) in its
     // slot of the LL half.
     return static_cast<int64_t>(layout.ll_half / (static_cast<uint64_t>(world) * 2 * row_bytes));
   }
   return static_cast<int64_t>(FusedGroupRows(SenderShare(layout, world), row_bytes,
-                                             out_row_bytes)) *
+                                             residual_row_bytes, out_row_bytes)) *
          world;
 }
 
-uint64_t MaxFusedRowBytes(const DataLayout& layout, int world) {
+uint64_t MaxFusedRowBytes(const DataLayout& layout, int world, uint64_t residual_factor) {
   return LongestFittingRow(layout.plain_half, [&](uint64_t row_bytes) {
-    return FusedRowsPerLaunch(layout, world, Algorithm::kOneShot, row_bytes, row_bytes) > 0 ||
-           FusedRowsPerLaunch(layout, world, Algorithm::kTwoShot, row_bytes, row_bytes) > 0;
+    const uint64_t residual_row_bytes = residual_factor * row_bytes;
+    return FusedRowsPerLaunch(layout, world, Algorithm::kOneShot, row_bytes, residual_row_bytes,
+                              row_bytes) > 0 ||
+           FusedRowsPerLaunch(layout, world, Algorithm::kTwoShot, row_bytes, residual_row_bytes,
+                              row_bytes) > 0;
   });
 }
 

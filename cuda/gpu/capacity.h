@@ -43,14 +43,17 @@ inline constexpr uint64_t kTwoShotLLMaxBytes = 1 << 20;
 /// layout divides into rows (common/fused_row_fit.h).
 uint64_t SenderShare(const DataLayout& layout, int world);
 
-/// Rows of `row_bytes` (x and residual_out; out rows of `out_row_bytes`)
-/// one fused launch of `algorithm` carries; 0 when not one.
+/// Rows of `row_bytes` of x (residual_out rows of `residual_row_bytes`, out
+/// rows of `out_row_bytes`) one fused launch of `algorithm` carries; 0 when
+/// not one.
 int64_t FusedRowsPerLaunch(const DataLayout& layout, int world, Algorithm algorithm,
-                           uint64_t row_bytes, uint64_t out_row_bytes);
+                           uint64_t row_bytes, uint64_t residual_row_bytes,
+                           uint64_t out_row_bytes);
 
-/// The longest row (bytes) one fused launch of either algorithm carries,
-/// with out rows as wide as x's (no FP8): the handler takes rows up to it
-/// and refuses longer ones.
-uint64_t MaxFusedRowBytes(const DataLayout& layout, int world);
+/// The longest row of x (bytes) one fused launch of either algorithm
+/// carries, with out rows as wide as x's (no FP8) and residual rows
+/// `residual_factor` times as wide (fused_row_fit.h): the handler takes
+/// rows up to it and refuses longer ones.
+uint64_t MaxFusedRowBytes(const DataLayout& layout, int world, uint64_t residual_factor);
 
 }  // namespace jax_ar::gpu

@@ -224,15 +224,23 @@ using LaunchArgs = AllReduceArgs<kMaxSegmentsPerLaunch>;
 // rows [j * group_rows, (j + 1) * group_rows); phase 0 sends each group's x
 // to its owner (phase0_slot_bytes per sender), the owner reduces and
 // normalizes, phase 1 sends both outputs of the group to everybody
-// (phase1_slot_bytes per sender: residual_out rows, then out rows).
+// (phase1_slot_bytes per sender: residual_out rows, then out rows). Rows of
+// the call fall into groups of rows_per_group (vmap over stacked layers):
+// row r of the launch (row first_row + r of the call) uses row
+// (first_row + r) / rows_per_group of gamma, post_gamma and bias.
 struct RmsNormLaunchArgs : ProtocolArgs {
   const void* x;
-  const void* residual;
-  const void* gamma;
-  const float* scale;  // read only when quantize
-  void* out;           // x's type, or float8_e4m3fn when quantize
-  void* residual_out;
+  const void* residual;     // residual_dtype: x's type, or float32
+  const float* gamma;       // [groups, hidden]
+  const float* post_gamma;  // [groups, hidden]; null: no post-norm
+  const float* bias;        // [groups, hidden]; null: no bias
+  const float* scale;       // read only when quantize
+  void* out;                // x's type, or float8_e4m3fn when quantize
+  void* residual_out;       // residual_dtype
   int64_t rows;
+  int64_t first_row;       // of this launch, within the call
+  int64_t rows_per_group;  // >= 1
+  int32_t groups;          // rows of gamma (1 outside vmap)
   int64_t group_rows;      // two-shot
   int64_t rows_per_block;  // two-shot: rows of a group each block covers
   uint64_t slot_bytes;          // one-shot
@@ -244,6 +252,7 @@ struct RmsNormLaunchArgs : ProtocolArgs {
   float eps;
   int32_t quantize;
   Dtype dtype;
+  Dtype residual_dtype;
 };
 
 // The LL flag of a launch: never 0, the value of freshly zeroed memory.

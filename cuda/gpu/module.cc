@@ -29,6 +29,7 @@
 #include "common/registry.h"
 #include "gpu/handlers.h"
 #include "gpu/kernels.h"
+#include "common/fused_row_fit.h"
 #include "gpu/capacity.h"
 #include "gpu/protocol_probe.h"
 #include "gpu/rank_state.h"
@@ -375,13 +376,17 @@ NB_MODULE(_jax_ar_cuda, m) {
           out["oneshot"] = RoundCapacity(layout, world, Algorithm::kOneShot);
           out["twoshot"] = RoundCapacity(layout, world, Algorithm::kTwoShot);
           out["sender_share"] = SenderShare(layout, world);
-          out["max_fused_row_bytes"] = MaxFusedRowBytes(layout, world);
+          out["max_fused_row_bytes"] = MaxFusedRowBytes(layout, world, 1);
+          out["max_fused_row_bytes_f32_residual"] =
+              MaxFusedRowBytes(layout, world, kWideResidualFactor);
           return out;
         },
         nb::arg("workspace_bytes"), nb::arg("world"),
         "Bytes one launch carries per algorithm (oneshot, twoshot), a sender's share of a "
-        "plain half (sender_share), and the longest row all_reduce_rms_norm fuses "
-        "(max_fused_row_bytes), from the functions the handlers use (capacity.h).");
+        "plain half (sender_share), and the longest row of x all_reduce_rms_norm fuses with a "
+        "residual of x's type (max_fused_row_bytes) and with a float32 residual beside 16-bit "
+        "x (max_fused_row_bytes_f32_residual), from the functions the handlers use "
+        "(capacity.h).");
 
   m.def("limits",
         []() {

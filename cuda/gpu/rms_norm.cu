@@ -17,6 +17,11 @@
 // registers (64 at most, for 1024-thread blocks) and measured slower. The
 // plan (row_plan.h) depends on the row length alone, so a row's result does
 // not depend on how many rows a call has.
+//
+// gamma is float32 whatever x's type (Python added scale_offset to it), so
+// a vector of 16-bit x has two 16-byte words of gamma; the residual is of
+// x's type or, beside 16-bit x, float32 (two words per vector of x too,
+// gpu/norm_lanes.cuh).
 #include "gpu/rms_norm.h"
 
 #include <cuda_runtime.h>
@@ -27,6 +32,7 @@
 
 #include "common/norm_limits.h"
 #include "common/rms_norm_args.h"
+#include "gpu/norm_lanes.cuh"
 #include "gpu/row_norm.cuh"
 #include "gpu/row_plan.h"
 #include "gpu/vec.cuh"
@@ -41,7 +47,7 @@ using NormVec = Vec<D, FastIntrinsics>;
 struct NormArgs {
   const void* x;
   const void* residual;  // null without a residual
-  const void* gamma;
+  const float* gamma;
   void* out;
   void* residual_out;
   int64_t rows;
@@ -51,32 +57,42 @@ struct NormArgs {
 };
 
 // Normalizes the row group starting at row `first` (blockDim.y rows, one per
-// threadIdx.y).
-template <Dtype D, int kVectors, bool kResidual>
+// threadIdx.y). R is the residual's type (x's, or float32 beside 16-bit x).
+template <Dtype D, int kVectors, bool kResidual, Dtype R>
 __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t first,
                                                   double* partials) {
   using V = NormVec<D>;
+  using RL = ResidualLanes<D, R, FastIntrinsics>;
+  constexpr int kLanes = V::kLanes;
   const int64_t row = first + threadIdx.y;
   const bool active = row < args.rows;
   const int64_t base = row * args.row_vectors;
   const auto* x = static_cast<const uint4*>(args.x) + base;
-  const auto* residual = static_cast<const uint4*>(args.residual);  // offset where used
+  // Residual rows hold RL::kWords words per vector of x (offset where used).
+  const auto* residual = static_cast<const uint4*>(args.residual);
+  auto* residual_out = static_cast<uint4*>(args.residual_out);
 
   // The same for every row: cached.
-  const auto* gamma = static_cast<const uint4*>(args.gamma);
+  const float* gamma = args.gamma;
   constexpr bool kPrefetchGamma = kVectors <= kRmsNormVectorsPerThread;
-  uint4 loaded[kVectors], loaded_residual[kVectors], loaded_gamma[kVectors];
+  uint4 loaded[kVectors], loaded_residual[kVectors][RL::kWords];
+  float loaded_gamma[kPrefetchGamma ? kVectors : 1][kLanes];
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (active && i < args.row_vectors) {
       loaded[k] = x[i];
-      if constexpr (kResidual) loaded_residual[k] = residual[base + i];
-      if constexpr (kPrefetchGamma) loaded_gamma[k] = gamma[i];
+      if constexpr (kResidual) {
+#pragma unroll
+        for (int q = 0; q < RL::kWords; ++q) {
+          loaded_residual[k][q] = residual[(base + i) * RL::kWords + q];
+        }
+      }
+      if constexpr (kPrefetchGamma) LoadFloatLanes<kLanes>(gamma, i, loaded_gamma[k]);
     }
   }
 
-  float v[kVectors][V::kLanes];
+  float v[kVectors][kLanes];
   double sum_of_squares = 0.0;
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
@@ -84,23 +100,25 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
     if (active && i < args.row_vectors) {
       V::Unpack(loaded[k], v[k]);
       if constexpr (kResidual) {
-        // The residual stream is kept in x's type: round the sum, store it, and
-        // normalize the stored value.
-        float r[V::kLanes];
-        V::Unpack(loaded_residual[k], r);
+        // The residual stream is kept in its own type: round the sum, store
+        // it, and normalize the stored value.
+        float r[kLanes];
+        RL::Unpack(loaded_residual[k], r);
 #pragma unroll
-        for (int j = 0; j < V::kLanes; ++j) v[k][j] = __fadd_rn(v[k][j], r[j]);
-        const uint4 rounded = V::Pack(v[k]);
-        static_cast<uint4*>(args.residual_out)[base + i] = rounded;
-        V::Unpack(rounded, v[k]);
+        for (int j = 0; j < kLanes; ++j) v[k][j] = __fadd_rn(v[k][j], r[j]);
+        uint4 rounded[RL::kWords];
+        RL::Pack(v[k], rounded);
+#pragma unroll
+        for (int q = 0; q < RL::kWords; ++q) residual_out[(base + i) * RL::kWords + q] = rounded[q];
+        RL::Unpack(rounded, v[k]);
       }
-      AddSquares<V::kLanes>(v[k], sum_of_squares);
+      AddSquares<kLanes>(v[k], sum_of_squares);
     }
   }
 
   // One row group per block: partials are written once.
   const float inv_rms = RowInverseRms</*kPartialsReused=*/false>(
-      sum_of_squares, args.row_vectors * V::kLanes, args.eps, args.threads_per_row, threadIdx.x,
+      sum_of_squares, args.row_vectors * kLanes, args.eps, args.threads_per_row, threadIdx.x,
       threadIdx.y, partials);
   if (!active) return;
   auto* out = static_cast<uint4*>(args.out) + base;
@@ -108,10 +126,15 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
   for (int k = 0; k < kVectors; ++k) {
     const int i = threadIdx.x + k * args.threads_per_row;
     if (i < args.row_vectors) {
-      float g[V::kLanes];
-      V::Unpack(kPrefetchGamma ? loaded_gamma[k] : gamma[i], g);
+      float g[kLanes];
+      if constexpr (kPrefetchGamma) {
 #pragma unroll
-      for (int j = 0; j < V::kLanes; ++j) v[k][j] = __fmul_rn(__fmul_rn(v[k][j], inv_rms), g[j]);
+        for (int j = 0; j < kLanes; ++j) g[j] = loaded_gamma[k][j];
+      } else {
+        LoadFloatLanes<kLanes>(gamma, i, g);
+      }
+#pragma unroll
+      for (int j = 0; j < kLanes; ++j) v[k][j] = __fmul_rn(__fmul_rn(v[k][j], inv_rms), g[j]);
       out[i] = V::Pack(v[k]);
     }
   }
@@ -120,40 +143,44 @@ __device__ __forceinline__ void NormalizeRowGroup(const NormArgs& args, int64_t 
 // One block per row group. (A persistent grid striding over the row groups,
 // with or without streaming cache hints, measured 2-8% slower on an H200:
 // see docs/rms_norm.md.)
-template <Dtype D, int kVectors, bool kResidual>
+template <Dtype D, int kVectors, bool kResidual, Dtype R>
 __global__ void __launch_bounds__(kMaxThreadsPerRow, 1) RmsNormKernel(NormArgs args) {
   extern __shared__ double partials[];
-  NormalizeRowGroup<D, kVectors, kResidual>(args, static_cast<int64_t>(blockIdx.x) * blockDim.y,
-                                            partials);
+  NormalizeRowGroup<D, kVectors, kResidual, R>(
+      args, static_cast<int64_t>(blockIdx.x) * blockDim.y, partials);
 }
 
-template <Dtype D, int kVectors, bool kResidual>
+template <Dtype D, int kVectors, bool kResidual, Dtype R>
 cudaError_t LaunchVectors(cudaStream_t stream, const NormArgs& args, const RowPlan& plan) {
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   const int64_t blocks = (args.rows + plan.rows_per_block - 1) / plan.rows_per_block;
   const size_t shared = plan.threads_per_row > 32
                             ? sizeof(double) * plan.rows_per_block * (plan.threads_per_row / 32)
                             : 0;
-  RmsNormKernel<D, kVectors, kResidual><<<blocks, block, shared, stream>>>(args);
+  RmsNormKernel<D, kVectors, kResidual, R><<<blocks, block, shared, stream>>>(args);
   return cudaGetLastError();
 }
 
-template <Dtype D, bool kResidual>
+template <Dtype D, bool kResidual, Dtype R>
 cudaError_t LaunchTyped(cudaStream_t stream, const NormArgs& args, const RowPlan& plan) {
   static_assert(kMaxVectorsPerThread == 4, "one instantiation per vectors_per_thread");
   switch (plan.vectors_per_thread) {
-    case 1: return LaunchVectors<D, 1, kResidual>(stream, args, plan);
-    case 2: return LaunchVectors<D, 2, kResidual>(stream, args, plan);
-    case 3: return LaunchVectors<D, 3, kResidual>(stream, args, plan);
-    default: return LaunchVectors<D, 4, kResidual>(stream, args, plan);
+    case 1: return LaunchVectors<D, 1, kResidual, R>(stream, args, plan);
+    case 2: return LaunchVectors<D, 2, kResidual, R>(stream, args, plan);
+    case 3: return LaunchVectors<D, 3, kResidual, R>(stream, args, plan);
+    default: return LaunchVectors<D, 4, kResidual, R>(stream, args, plan);
   }
 }
 
+// Without a residual, with one of x's type, or (16-bit x) with a float32 one.
 template <Dtype D>
 cudaError_t Launch(cudaStream_t stream, const NormArgs& args, const RowPlan& plan,
-                   bool with_residual) {
-  return with_residual ? LaunchTyped<D, true>(stream, args, plan)
-                       : LaunchTyped<D, false>(stream, args, plan);
+                   bool with_residual, bool float32_residual) {
+  if (!with_residual) return LaunchTyped<D, false, D>(stream, args, plan);
+  if constexpr (D != Dtype::kF32) {
+    if (float32_residual) return LaunchTyped<D, true, Dtype::kF32>(stream, args, plan);
+  }
+  return LaunchTyped<D, true, D>(stream, args, plan);
 }
 
 ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
@@ -184,7 +211,7 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
   NormArgs args;
   args.x = x.untyped_data();
   args.residual = residual ? residual->untyped_data() : nullptr;
-  args.gamma = gamma.untyped_data();
+  args.gamma = static_cast<const float*>(gamma.untyped_data());
   args.out = out.untyped_data();
   args.residual_out = residual_out ? residual_out->untyped_data() : nullptr;
   args.rows = static_cast<int64_t>(rows);
@@ -194,15 +221,16 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
   args.threads_per_row = plan.threads_per_row;
   cudaError_t status = cudaSuccess;
   const bool with_residual = residual != nullptr;
+  const bool float32_residual = with_residual && residual->element_type() == ffi::DataType::F32;
   switch (dtype) {
     case ffi::DataType::F32:
-      status = Launch<Dtype::kF32>(stream, args, plan, with_residual);
+      status = Launch<Dtype::kF32>(stream, args, plan, with_residual, float32_residual);
       break;
     case ffi::DataType::BF16:
-      status = Launch<Dtype::kBF16>(stream, args, plan, with_residual);
+      status = Launch<Dtype::kBF16>(stream, args, plan, with_residual, float32_residual);
       break;
     default:
-      status = Launch<Dtype::kF16>(stream, args, plan, with_residual);
+      status = Launch<Dtype::kF16>(stream, args, plan, with_residual, float32_residual);
       break;
   }
   if (status != cudaSuccess) {
@@ -213,7 +241,7 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
 
 ffi::Error RmsNormHandler(cudaStream_t stream,
                           ffi::AnyBuffer x,                 // [..., hidden]
-                          ffi::AnyBuffer gamma,             // [hidden]
+                          ffi::AnyBuffer gamma,             // float32 [hidden]
                           ffi::Result<ffi::AnyBuffer> out,  // like x
                           float eps) {
   return Run(stream, x, nullptr, gamma, *out, nullptr, eps);
@@ -221,10 +249,10 @@ ffi::Error RmsNormHandler(cudaStream_t stream,
 
 ffi::Error AddRmsNormHandler(cudaStream_t stream,
                              ffi::AnyBuffer x,                          // [..., hidden]
-                             ffi::AnyBuffer residual,                   // like x
-                             ffi::AnyBuffer gamma,                      // [hidden]
+                             ffi::AnyBuffer residual,                   // x's type or float32
+                             ffi::AnyBuffer gamma,                      // float32 [hidden]
                              ffi::Result<ffi::AnyBuffer> out,           // like x
-                             ffi::Result<ffi::AnyBuffer> residual_out,  // round(x + residual)
+                             ffi::Result<ffi::AnyBuffer> residual_out,  // like residual
                              float eps) {
   return Run(stream, x, &residual, gamma, *out, &(*residual_out), eps);
 }

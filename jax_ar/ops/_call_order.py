@@ -32,16 +32,24 @@ from jax.interpreters.mlir import ir
 
 __all__ = ["after", "ffi_call_in_order", "on_cpu"]
 
-_local = threading.local()
+# {thread id: (module being lowered, {block: (value, aval)})}. Not a
+# threading.local: XLA lowers custom_partitioning bodies on its own threads,
+# whose Python state it clears when the callback returns, and MLIR objects
+# freed during that clean-up crash the process. Each thread keeps its last
+# module alive until it lowers another.
+_lowering_state: dict = {}
+_lowering_lock = threading.Lock()
 
 
 def _links(ctx) -> dict:
     """{block: (value, aval)} of the module being lowered (reset per module)."""
     module = ctx.module_context.module
-    if getattr(_local, "module", None) is not module:
-        _local.module = module
-        _local.links = {}
-    return _local.links
+    thread = threading.get_ident()
+    with _lowering_lock:
+        state = _lowering_state.get(thread)
+        if state is None or state[0] is not module:
+            state = _lowering_state[thread] = (module, {})
+    return state[1]
 
 
 def on_cpu(ctx) -> bool:

@@ -1,26 +1,35 @@
-"""jax_ar.all_reduce_rms_norm: all-reduce + residual add + RMSNorm (+ FP8 out)
-in one call, the boundary of every tensor-parallel transformer block.
+"""jax_ar.all_reduce_rms_norm: all-reduce (+ bias, + post-norm) + residual add
++ RMSNorm (+ FP8 out) in one call, the boundary of every tensor-parallel
+transformer block.
 
 The primitive binds the FFI target `jax_ar_all_reduce_rms_norm`:
 
-  args   x [T, H] (this rank's partial sums), residual [T, H], gamma [H]
-         (one of float32 | bfloat16 | float16), scale f32[] (read only when
-         quantize=1)
+  args   x [T, H] (this rank's partial sums; float32 | bfloat16 | float16),
+         residual [T, H] (x's dtype or float32), gamma f32[G, H],
+         post_gamma f32[G, H] or f32[0, H] (none), bias f32[G, H] or
+         f32[0, H] (none), scale f32[] (read only when quantize=1)
   rets   out [T, H] (x's dtype, or float8_e4m3fn when quantize=1),
-         residual_out [T, H] (x's dtype)
+         residual_out [T, H] (the residual's dtype)
   attrs  comm_id:i64, algorithm:i32 (protocol.h codes), eps:f32, quantize:i32
 
-  t = float32 sum of x over ranks in rank order + float32(residual)
-  residual_out = round(t); v = float32(residual_out)
-  out = round(v * rsqrt(mean(v * v, -1) + eps) * float32(gamma)), or
-        float8_e4m3fn(saturate(v * rsqrt(...) * float32(gamma) / scale)).
+  t = float32 sum of x over ranks in rank order (+ bias)
+  with post_gamma: t = t * rsqrt(mean(t * t, -1) + eps) * post_gamma
+  residual_out = round(t + float32(residual)); v = float32(residual_out)
+  out = round(v * rsqrt(mean(v * v, -1) + eps) * gamma), or
+        float8_e4m3fn(saturate(v * rsqrt(...) * gamma / scale)).
+
+The scale vectors arrive in float32 with scale_offset added (norm_math.
+scale_vector); rows fall into G groups of T / G rows, group g using row g of
+each vector (a vmap over stacked layers, `_batch`).
 
 Like all_reduce, the results no longer vary over the reduced axis. Paths:
-the fused kernel; the "general" path (jax_ar.all_reduce of float32 x, then
-the norm in jnp) for shapes the kernel does not take; and psum + jnp when
-jax_ar cannot serve the axis (algorithm="psum", a fallback communicator, a
-build without the fused target). Gradients (custom VJP) match the unfused
-composition all_reduce + add + norm; the FP8 output is not differentiable.
+the fused kernel; the pair (jax_ar.all_reduce of x, then jax_ar.rms_norm),
+which algorithm="auto" takes where the cost table predicts it faster; the
+"general" path (jax_ar.all_reduce of float32 x, then the rest in jnp) for
+shapes and dtype pairs the kernel does not take; and psum + jnp when jax_ar
+cannot serve the axis (algorithm="psum", a fallback communicator, a build
+without the fused target). Gradients (custom VJP) match the unfused
+composition; the FP8 output is not differentiable.
 """
 from __future__ import annotations
 
@@ -38,27 +47,30 @@ from .._native import ALGORITHM_CODES
 from ._axes import as_varying
 from ._primitive import collective_primitive, fallback_reason, log_fallback
 from .all_reduce import all_reduce_p, reduce_leaves
-from .norm_math import FP8_DTYPE, norm_tangent, normalize, quantize_fp8
-from .rms_norm import module_serves
+from .norm_math import FP8_DTYPE, fused_reference, norm_tangent, quantize_fp8
+from .rms_norm import kernel_takes_residual, module_serves, rms_norm_p, rms_norm_refuses
 
 __all__ = ["all_reduce_rms_norm_p", "composed", "fused_or_composed"]
 
 TARGET = "jax_ar_all_reduce_rms_norm"
-
+_F32 = np.dtype(np.float32)
 
 _FP8_NOT_DIFFERENTIABLE = (
     "jax_ar.all_reduce_rms_norm with quant_scale (float8_e4m3fn output) is not differentiable: "
     "differentiate the unquantized call (quant_scale=None) and quantize separately")
 
-# The primitive. Operands: x [T, H], residual [T, H], gamma [H], scale f32[].
-# Params: axes, algorithm ("oneshot" | "twoshot"), comm_id, world_size, eps,
-# quantize (bool).
+# The primitive. Operands: x [T, H], residual [T, H], gamma f32[G, H],
+# post_gamma f32[G or 0, H], bias f32[G or 0, H], scale f32[]. Params: axes,
+# algorithm ("oneshot" | "twoshot"), comm_id, world_size, eps, quantize (bool).
 
-def _abstract_eval(x, residual, gamma, scale, *, axes, quantize, **_):
-    varying = frozenset().union(*(_compat.varying_axes(a) for a in (x, residual, gamma, scale)))
+def _abstract_eval(x, residual, gamma, post_gamma, bias, scale, *, axes, quantize, **_):
+    varying = frozenset().union(*(_compat.varying_axes(a)
+                                  for a in (x, residual, gamma, post_gamma, bias, scale)))
     varying = varying - set(axes)  # all-reduced, like psum
-    residual_out = _compat.with_varying_axes(x.update(weak_type=False), varying)
-    out = residual_out.update(dtype=FP8_DTYPE) if quantize else residual_out
+    residual_out = _compat.with_varying_axes(residual.update(weak_type=False), varying)
+    out = _compat.with_varying_axes(x.update(weak_type=False), varying)
+    if quantize:
+        out = out.update(dtype=FP8_DTYPE)
     return [out, residual_out]
 
 
@@ -74,18 +86,59 @@ all_reduce_rms_norm_p = collective_primitive(TARGET, "all_reduce_rms_norm", _abs
 
 
 def _batch(args, dims, **params):
-    x, residual, gamma, scale = args
-    if dims[2] is not None or dims[3] is not None:
-        raise NotImplementedError(
-            "jax_ar.all_reduce_rms_norm under vmap: gamma and quant_scale must be the same for "
-            "every batch member (vmap over x and residual only)")
-    size = x.shape[dims[0]] if dims[0] is not None else residual.shape[dims[1]]
+    """A batch dimension adds rows; a batch of scale vectors (stacked layers
+    under vmap) adds groups: member b's rows use row b of each."""
+    x, residual, gamma, post_gamma, bias, scale = args
+    x_dim, residual_dim, gamma_dim, post_dim, bias_dim, scale_dim = dims
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    if scale_dim is not None:
+        if params["quantize"]:
+            return _batch_per_member_scale(args, dims, size, **params)
+        scale = jnp.ones((), jnp.float32)  # read only when quantizing
     rows = [jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size,) + a.shape)
-            for a, d in zip((x, residual), dims[:2])]
-    shape = rows[0].shape
+            for a, d in zip((x, residual), (x_dim, residual_dim))]
+    shape = rows[0].shape  # [B, T, H]
     flat = [r.reshape((-1, shape[-1])) for r in rows]  # rows are independent
-    outs = all_reduce_rms_norm_p.bind(*flat, gamma, scale, **params)
+
+    # Member b's T rows were G groups; now the B T rows are B G groups
+    # (unless every member shares one group).
+    vectors = [(v if d is None else jnp.moveaxis(v, d, 0), d)
+               for v, d in ((gamma, gamma_dim), (post_gamma, post_dim), (bias, bias_dim))]
+    groups = max(v.shape[-2] for v, _ in vectors)  # absent vectors have 0 rows
+    regroup = groups > 1 or any(d is not None for _, d in vectors)
+
+    def stacked(vector, dim):
+        if dim is not None:  # [B, G or 0, H]
+            vector = vector.reshape((-1, vector.shape[-1]))
+        elif regroup and vector.shape[0]:
+            vector = jnp.tile(vector, (size, 1))
+        return vector
+
+    outs = all_reduce_rms_norm_p.bind(*flat, *(stacked(v, d) for v, d in vectors), scale,
+                                      **params)
     return [o.reshape(shape) for o in outs], [0, 0]
+
+
+def _batch_per_member_scale(args, dims, size, *, axes, algorithm, comm_id, world_size, eps,
+                            quantize):
+    """A batch of FP8 scales: the kernel takes one, so each member's math
+    runs as the general path (all_reduce of float32 x, then jnp), logged."""
+    config.log_once(("all_reduce_rms_norm", "per-member quant_scale"),
+                    "jax_ar: all_reduce_rms_norm under vmap with a quant_scale per batch member "
+                    "runs all_reduce + a separate norm")
+
+    def member(x, residual, gamma, post_gamma, bias, scale):
+        (total,) = all_reduce_p.bind(x.astype(jnp.float32), axes=axes, op="sum",
+                                     algorithm=algorithm, comm_id=comm_id, world_size=world_size,
+                                     vma=False)
+        rows = jnp.arange(x.shape[0]) // (x.shape[0] // gamma.shape[0])
+        pick = lambda v: v[rows] if v.shape[0] else None  # noqa: E731
+        y, residual_out = fused_reference(total, residual, pick(gamma), eps, pick(post_gamma),
+                                          pick(bias))
+        return quantize_fp8(y, scale) if quantize else y.astype(x.dtype), residual_out
+
+    outs = jax.vmap(member, in_axes=tuple(dims), axis_size=size)(*args)
+    return list(outs), [0, 0]
 
 
 batching.primitive_batchers[all_reduce_rms_norm_p] = _batch
@@ -104,37 +157,64 @@ class _Call:
     eps: float
     quantize: bool
     vma: bool  # the enclosing shard_map tracks varying axes
-    residual_varies: bool  # residual / gamma vary over the axis (vma only)
-    gamma_varies: bool
+    varies: tuple  # (residual, gamma, post_gamma, bias) vary over the axis (vma only)
+    x_dtype: np.dtype
 
     def primitive_params(self):
         return dict(axes=self.axes, algorithm=self.algorithm, comm_id=self.comm_id,
                     world_size=self.world_size, eps=self.eps, quantize=self.quantize)
 
+    def all_reduce(self, v):
+        (out,) = all_reduce_p.bind(v, axes=self.axes, op="sum", algorithm=self.algorithm,
+                                   comm_id=self.comm_id, world_size=self.world_size,
+                                   vma=self.vma)
+        return out
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(call, x, residual, gamma, scale):
-    return tuple(all_reduce_rms_norm_p.bind(x, residual, gamma, scale, **call.primitive_params()))
+def _fused(call, x, residual, gamma, post_gamma, bias, scale):
+    return tuple(all_reduce_rms_norm_p.bind(x, residual, gamma, post_gamma, bias, scale,
+                                            **call.primitive_params()))
 
 
-def _fused_fwd(call, x, residual, gamma, scale):
+def _fused_fwd(call, x, residual, gamma, post_gamma, bias, scale):
     if call.quantize:
         raise NotImplementedError(_FP8_NOT_DIFFERENTIABLE)
-    outs = _fused(call, x, residual, gamma, scale)
-    return outs, (outs[1], gamma)
+    outs = _fused(call, x, residual, gamma, post_gamma, bias, scale)
+    # The post-norm's cotangent needs the sum over ranks, which the kernel
+    # does not return: x is kept to form it again.
+    kept_x = x if post_gamma.shape[0] else None
+    return outs, (kept_x, outs[1], gamma, post_gamma, bias)
 
 
 def _fused_bwd(call, saved, cotangents):
-    residual_out, gamma = saved
-    dtype = residual_out.dtype
+    x, residual_out, gamma, post_gamma, bias = saved
     f32 = jnp.float32
     g_out, g_residual_out = (c.astype(f32) for c in cotangents)
     v = residual_out.astype(f32)
+    eps = call.eps
+    # One row per vector here (a batch of them is vmap's business).
+    row = lambda m: m[0] if m.shape[0] else None  # noqa: E731
+    gamma32, post32, bias32 = row(gamma), row(post_gamma), row(bias)
+
     # The norm's transpose: the VJP of norm_tangent's linear map.
-    _, vjp = jax.vjp(lambda dv, dg: norm_tangent(v, gamma.astype(f32), dv, dg, call.eps),
-                     jnp.zeros_like(v), jnp.zeros(gamma.shape, f32))
+    _, vjp = jax.vjp(lambda dv, dg: norm_tangent(v, gamma32, dv, dg, eps),
+                     jnp.zeros_like(v), jnp.zeros(gamma32.shape, f32))
     g_v, g_gamma = vjp(g_out)
-    g_t = (g_v + g_residual_out).astype(dtype)  # cotangent of all_reduce(x) + residual
+    g_y = g_v + g_residual_out  # cotangent of the (post-normed) sum, and of the residual
+    g_t, g_post = g_y, None
+    if post32 is not None:
+        # The float32 sum the kernel formed, formed again (one more
+        # all-reduce, on the way back only).
+        t = call.all_reduce(x.astype(f32))
+        if bias32 is not None:
+            t = t + bias32
+        _, vjp = jax.vjp(lambda dt, dp: norm_tangent(t, post32, dt, dp, eps),
+                         jnp.zeros_like(t), jnp.zeros(post32.shape, f32))
+        g_t, g_post = vjp(g_y)
+    g_bias = jnp.sum(g_t, axis=0) if bias32 is not None else None
+
+    g_t = g_t.astype(call.x_dtype)  # cotangent of all_reduce(x)
     if call.vma:
         # all_reduce's transpose (as psum's): each rank's x gets the cotangent
         # of the invariant sum, marked varying.
@@ -142,11 +222,16 @@ def _fused_bwd(call, saved, cotangents):
     else:
         (g_x,) = all_reduce_p.bind(g_t, axes=call.axes, op="sum", algorithm=call.algorithm,
                                    comm_id=call.comm_id, world_size=call.world_size, vma=False)
-    g_res = as_varying(g_t, call.axes) if call.residual_varies else g_t
-    g_gamma = g_gamma.astype(gamma.dtype)
-    if call.gamma_varies:
-        g_gamma = as_varying(g_gamma, call.axes)
-    return g_x, g_res, g_gamma, None
+
+    def like(g, primal):  # a cotangent shaped as its (1 or 0 row) primal
+        if g is None:
+            return jnp.zeros(primal.shape, primal.dtype)
+        return g.reshape(primal.shape).astype(primal.dtype)
+
+    grads = [g_y.astype(residual_out.dtype), like(g_gamma, gamma), like(g_post, post_gamma),
+             like(g_bias, bias)]
+    grads = [as_varying(g, call.axes) if varies else g for g, varies in zip(grads, call.varies)]
+    return (g_x, *grads, None)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -168,18 +253,26 @@ def _not_differentiable(fn, *args):
 # ----------------------------------------------------------------------------
 # The unfused paths.
 
-def _unfused(x, residual, gamma, scale, *, reduce, eps, quantize):
-    """The same math from separate ops: reduce(float32 x) + residual, norm."""
-    f32 = jnp.float32
-    residual_out = (reduce(x.astype(f32)) + residual.astype(f32)).astype(x.dtype)
-    y = normalize(residual_out.astype(f32), eps)[0] * gamma.astype(f32)
+def _unfused(x, residual, gamma, post_gamma, bias, scale, *, reduce, eps, quantize):
+    """The same math from separate ops: reduce(float32 x), then the rest in
+    jnp (norm_math.fused_reference)."""
+    y, residual_out = fused_reference(reduce(x.astype(jnp.float32)), residual, gamma, eps,
+                                      post_gamma, bias)
     out = quantize_fp8(y, scale) if quantize else y.astype(x.dtype)
     return out, residual_out
 
 
-def _kernel_refuses(x, platform) -> str | None:
+def _pair(x, residual, gamma, *, reduce, eps):
+    """The pair algorithm="auto" may pick: jax_ar.all_reduce of x in x's
+    dtype, then jax_ar.rms_norm with the residual (the sum is rounded to x's
+    dtype before the residual is added, as the two calls do)."""
+    out, residual_out = rms_norm_p.bind(reduce(x), residual, gamma, eps=eps)
+    return out, residual_out
+
+
+def _kernel_refuses(x, residual, platform) -> str | None:
     """Why the fused kernels (the compiled module's limits) do not take x's
-    rows, or None."""
+    rows and this residual, or None."""
     limits = _native.limits(platform)
     low, high = limits["fused_min_hidden"], limits["fused_max_hidden"]
     hidden, itemsize = x.shape[-1], np.dtype(x.dtype).itemsize
@@ -187,28 +280,48 @@ def _kernel_refuses(x, platform) -> str | None:
     if not low <= hidden <= high or hidden % vector:
         return (f"hidden size {hidden} is not a multiple of {vector} in "
                 f"[{low}, {high}] for {np.dtype(x.dtype)}")
-    return None
+    return kernel_takes_residual(x.dtype, residual.dtype)
+
+
+def _longest_row_key(x, residual) -> str:
+    """Which capacity bounds a row: a float32 residual beside 16-bit x takes
+    twice x's bytes through the workspace."""
+    wide = np.dtype(residual.dtype) == _F32 and np.dtype(x.dtype) != _F32
+    return "max_fused_row_bytes_f32_residual" if wide else "max_fused_row_bytes"
+
+
+def _pair_refuses(x, residual, post_gamma, bias, quantize, comm) -> str | None:
+    """Why the pair (all_reduce, then the rms_norm kernel) cannot stand in for
+    the fused kernel here, or None."""
+    if quantize or post_gamma is not None or bias is not None:
+        return "the pair has no FP8 output, post-norm or bias"
+    mesh = jax.sharding.get_abstract_mesh()
+    if set(getattr(mesh, "manual_axes", ())) != set(mesh.axis_names):
+        return "rms_norm's kernel call is partitioned where shard_map leaves axes automatic"
+    return rms_norm_refuses(comm.platform, x, residual)
 
 
 # ----------------------------------------------------------------------------
 # Which path serves a call.
 
-def composed(x, residual, gamma, scale, reduce, eps, quantize):
+def composed(x, residual, gamma, post_gamma, bias, scale, reduce, eps, quantize):
     """jax_ar.all_reduce_rms_norm of checked operands as separate ops:
-    reduce(float32 x) (an all-reduce over the call's axes) + residual, then
-    the norm in jnp."""
+    reduce(float32 x) (an all-reduce over the call's axes) (+ bias), then
+    the norms in jnp."""
     fn = functools.partial(_unfused, reduce=reduce, eps=eps, quantize=quantize)
-    return _not_differentiable(fn, x, residual, gamma, scale) if quantize else \
-        fn(x, residual, gamma, scale)
+    return _not_differentiable(fn, x, residual, gamma, post_gamma, bias, scale) if quantize \
+        else fn(x, residual, gamma, post_gamma, bias, scale)
 
 
-def fused_or_composed(x, residual, gamma, scale, axes, comm, eps, algorithm, quantize):
-    """jax_ar.all_reduce_rms_norm of checked operands over one mesh axis
-    (`axes`, served by `comm`): the fused kernel where it serves, else the
+def fused_or_composed(x, residual, gamma, post_gamma, bias, scale, axes, comm, eps, algorithm,
+                      quantize):
+    """jax_ar.all_reduce_rms_norm of checked operands (gamma, post_gamma and
+    bias float32 [H], the latter two optional) over one mesh axis (`axes`,
+    served by `comm`): the fused kernel where it serves and pays, else the
     same math composed of an all-reduce (jax_ar's, or psum where jax_ar
-    cannot serve) and the norm in jnp."""
+    cannot serve) and the norm."""
     def unfused(reduce):
-        return composed(x, residual, gamma, scale, reduce, eps, quantize)
+        return composed(x, residual, gamma, post_gamma, bias, scale, reduce, eps, quantize)
 
     psum = functools.partial(jax.lax.psum, axis_name=axes)
     if algorithm == "psum":
@@ -217,33 +330,43 @@ def fused_or_composed(x, residual, gamma, scale, axes, comm, eps, algorithm, qua
     if reason is not None:
         log_fallback(comm, "all_reduce_rms_norm", axes[0], "psum", reason)
         return unfused(psum)
-    if algorithm == "auto":
-        algorithm = selection.choose_for(comm, x.size * x.dtype.itemsize)
-        if algorithm == "psum":
-            return unfused(psum)
+    jax_ar_reduce = lambda v: reduce_leaves([v], axes, "sum", "auto", comm)[0]  # noqa: E731
 
     # A fused call carries as many whole rows per round through the
     # workspace as fit (the handlers run several rounds for the rest); a row
     # too long for one round takes the general path, whose all_reduce cuts
     # anywhere.
-    reason = _kernel_refuses(x, comm.platform) if x.size else "no elements"
+    reason = _kernel_refuses(x, residual, comm.platform) if x.size else "no elements"
     row_bytes = x.shape[-1] * x.dtype.itemsize
-    if reason is None and row_bytes > comm.capacity_bytes("max_fused_row_bytes"):
+    if reason is None and row_bytes > comm.capacity_bytes(_longest_row_key(x, residual)):
         reason = (f"one row of {row_bytes} bytes does not fit a round of the workspace "
                   f"(workspace_bytes={comm.workspace_bytes}, {comm.world_size} ranks)")
+    if reason is None and algorithm == "auto":
+        pair_reason = _pair_refuses(x, residual, post_gamma, bias, quantize, comm)
+        candidates = ("fused_oneshot", "fused_twoshot") + (("composed",) if pair_reason is None
+                                                           else ())
+        path = selection.choose_norm_path(comm, x.size * x.dtype.itemsize, candidates)
+        if path == "composed":
+            return _pair(x, residual, gamma, reduce=jax_ar_reduce, eps=eps)
+        algorithm = path[len("fused_"):]
     if reason is not None:
         config.log_once(("all_reduce_rms_norm general", reason),
                         f"jax_ar: all_reduce_rms_norm runs all_reduce + a separate norm: {reason}")
-        return unfused(lambda v: reduce_leaves([v], axes, "sum", algorithm, comm)[0])
+        chosen = algorithm
+        return unfused(lambda v: reduce_leaves([v], axes, "sum", chosen, comm)[0])
 
     vma = _compat.check_vma_enabled()
-    varies = lambda a: vma and bool(set(axes) & _compat.varying_axes(jax.typeof(a)))
+    varies = lambda a: vma and bool(set(axes) & _compat.varying_axes(jax.typeof(a)))  # noqa: E731
+    hidden = x.shape[-1]
+    absent = jnp.zeros((0, hidden), jnp.float32)
+    matrices = [absent if v is None else v.reshape(1, hidden) for v in (gamma, post_gamma, bias)]
     call = _Call(axes=axes, algorithm=algorithm, comm_id=comm.comm_id,
                  world_size=comm.world_size, eps=eps, quantize=quantize, vma=vma,
-                 residual_varies=varies(residual), gamma_varies=varies(gamma))
+                 varies=(varies(residual),) + tuple(varies(m) for m in matrices),
+                 x_dtype=np.dtype(x.dtype))
     if vma:
         x = as_varying(x, axes)
     shape = x.shape
-    rows = (-1, shape[-1])
-    out, residual_out = _fused(call, x.reshape(rows), residual.reshape(rows), gamma, scale)
+    rows = (-1, hidden)
+    out, residual_out = _fused(call, x.reshape(rows), residual.reshape(rows), *matrices, scale)
     return out.reshape(shape), residual_out.reshape(shape)

@@ -1,10 +1,12 @@
 """The arithmetic of jax_ar's norms in jnp: the reference the kernels
-follow (and the path shapes the kernels do not take), the tangent of the
-norm, and the FP8 output. The tools' XLA baselines use it too.
+follow (and the path shapes the kernels do not take), the float32 scale
+vectors the kernels take, the tangent of the norm, and the FP8 output. The
+tools' XLA baselines use it too.
 
 Math (float32 inside, one rounding per output): v = f32(x); with a residual,
-residual_out = round(v + f32(residual)) and v = f32(residual_out); out =
-round(v * rsqrt(mean(v * v, -1) + eps) * f32(gamma)).
+residual_out = round(v + f32(residual)) in the residual's dtype and v =
+f32(residual_out); out = round(v * rsqrt(mean(v * v, -1) + eps) * gamma) in
+x's dtype, gamma = f32(scale) + f32(scale_offset) (`scale_vector`).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "norm_tangent", "normalize", "quantize_fp8", "reference"]
+__all__ = ["FP8_DTYPE", "FP8_MAX", "fused_reference", "norm_tangent", "normalize",
+           "quantize_fp8", "reference", "scale_vector"]
 
 FP8_DTYPE = np.dtype(jnp.float8_e4m3fn)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -36,18 +39,39 @@ def normalize(v, eps):
     return w * r, r * scale
 
 
+def scale_vector(scale, offset: float):
+    """The float32 vector the kernels multiply by: f32(scale) + f32(offset),
+    the addition the kernels would do (Gemma's 1 + scale is offset 1.0). No
+    addition for offset 0, which would turn a -0.0 scale into +0.0."""
+    vector = jnp.asarray(scale).astype(jnp.float32)
+    return vector + jnp.float32(offset) if offset != 0.0 else vector
+
+
 def reference(x, gamma, eps, residual=None):
-    """The jnp form of the kernels' arithmetic (also the general path):
-    [out] or [out, residual_out]."""
+    """The jnp form of the rms_norm kernels' arithmetic (also their path for
+    shapes and dtype pairs the kernels do not take): [out] or [out,
+    residual_out]; out in x's dtype, residual_out in the residual's."""
     v = x.astype(jnp.float32)
     outs = []
     if residual is not None:
-        residual_out = (v + residual.astype(jnp.float32)).astype(x.dtype)
+        residual_out = (v + residual.astype(jnp.float32)).astype(residual.dtype)
         v = residual_out.astype(jnp.float32)
         outs.append(residual_out)
     normalized, _ = normalize(v, eps)
     out = (normalized * gamma.astype(jnp.float32)).astype(x.dtype)
     return [out] + outs
+
+
+def fused_reference(total, residual, gamma, eps, post_gamma=None, bias=None):
+    """all_reduce_rms_norm's arithmetic after the sum over ranks, in jnp:
+    (the float32 normalized output before its rounding, residual_out).
+    `total` is the float32 sum; gamma, post_gamma and bias are float32."""
+    t = total if bias is None else total + bias
+    if post_gamma is not None:
+        t = normalize(t, eps)[0] * post_gamma
+    residual_out = (t + residual.astype(jnp.float32)).astype(residual.dtype)
+    y = normalize(residual_out.astype(jnp.float32), eps)[0] * gamma
+    return y, residual_out
 
 
 def norm_tangent(v, gamma, dv, dgamma, eps):

@@ -15,7 +15,9 @@ Two primitives:
   not serve (or a build without the CUDA module) lower to the same math in
   jnp instead.
 
-The arithmetic is norm_math.py's.
+gamma is float32 [H] (scale_offset already added: norm_math.scale_vector);
+the residual is of x's dtype or float32 (`kernel_takes_residual`), and
+residual_out has the residual's dtype. The arithmetic is norm_math.py's.
 """
 from __future__ import annotations
 
@@ -33,9 +35,22 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from .. import _compat, _native, config
 from .norm_math import norm_tangent, reference
 
-__all__ = ["SUPPORTED_DTYPES", "module_serves", "rms_norm_p"]
+__all__ = ["SUPPORTED_DTYPES", "kernel_takes_residual", "module_serves", "rms_norm_p",
+           "rms_norm_refuses"]
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
+_F32 = np.dtype(np.float32)
+
+
+def kernel_takes_residual(x_dtype, residual_dtype) -> str | None:
+    """Why the norm kernels (both backends, both norms) do not take a
+    residual of this dtype beside x, or None: they read it in x's dtype or
+    in float32 (a float32 residual stream beside 16-bit activations)."""
+    x_dtype, residual_dtype = np.dtype(x_dtype), np.dtype(residual_dtype)
+    if residual_dtype in (x_dtype, _F32):
+        return None
+    return (f"the kernels read the residual in x's dtype or float32, not {residual_dtype} "
+            f"beside {x_dtype}")
 
 
 # Operands: (x, gamma) or (x, residual, gamma) -- the FFI targets' order.
@@ -51,7 +66,10 @@ def _abstract_eval(*avals, eps):
     # Elementwise over rows: the results vary over every axis an operand does.
     varying = frozenset().union(*(_compat.varying_axes(a) for a in avals))
     out = _compat.with_varying_axes(avals[0].update(weak_type=False), varying)
-    return [out] * (2 if len(avals) == 3 else 1)
+    if len(avals) == 2:
+        return [out]
+    residual_out = _compat.with_varying_axes(avals[1].update(weak_type=False), varying)
+    return [out, residual_out]
 
 
 rms_norm_p.def_abstract_eval(_abstract_eval)
@@ -93,6 +111,18 @@ def _cuda_serves(aval) -> str | None:
     return None
 
 
+def rms_norm_refuses(platform, x, residual=None) -> str | None:
+    """Why rms_norm's kernel of `platform` would not serve x (and residual),
+    or None: what `_kernel_lowering` decides, asked before tracing (the
+    pair all_reduce_rms_norm may choose)."""
+    reason = module_serves(platform, _target(2 if residual is None else 3))
+    if reason is None and residual is not None:
+        reason = kernel_takes_residual(x.dtype, residual.dtype)
+    if reason is None and platform == "gpu":
+        reason = _cuda_serves(x)
+    return reason
+
+
 def module_serves(platform, target) -> str | None:
     """Why the compiled module of `platform` cannot run `target`, or None."""
     try:
@@ -114,6 +144,8 @@ def _kernel_lowering(platform):
     def rule(ctx, *args, eps):
         target = _target(len(args))
         reason = module_serves(platform, target)
+        if reason is None and len(args) == 3:
+            reason = kernel_takes_residual(ctx.avals_in[0].dtype, ctx.avals_in[1].dtype)
         if reason is None and platform == "gpu":
             reason = _cuda_serves(ctx.avals_in[0])
         if reason is not None:
@@ -206,6 +238,9 @@ def _batch(args, dims, *, eps):
     if dims[-1] is not None:
         # A batch of gammas: rows no longer share one gamma; XLA's own ops
         # serve it, gamma broadcast over each batch member's rows.
+        config.log_once(("rms_norm", "per-member gamma"),
+                        "jax_ar: rms_norm under vmap with a gamma per batch member lowers to "
+                        "XLA's own ops")
         x = moved[0] if moved[0] is not None else jnp.broadcast_to(args[0], (size,) + args[0].shape)
         gamma = moved[-1].reshape((size,) + (1,) * (x.ndim - 2) + moved[-1].shape[-1:])
         residual = None
@@ -235,7 +270,7 @@ def _jvp(primals, tangents, *, eps):
     dout = norm_tangent(v, gamma.astype(f32), dv, tangents[-1].astype(f32), eps)
     out_tangents = [dout.astype(x.dtype)]
     if len(primals) == 3:
-        out_tangents.append(dv.astype(x.dtype))
+        out_tangents.append(dv.astype(primals[1].dtype))
     return outs, out_tangents
 
 

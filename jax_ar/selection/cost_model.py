@@ -8,6 +8,11 @@ of the workspace carries (Communicator.capacity_bytes) is predicted as that
 many rounds. The inputs are static shapes, the communicator's configuration
 and the table, so every rank decides the same.
 
+all_reduce_rms_norm with algorithm="auto" chooses the same way among its
+paths (`choose_norm_path`): the fused kernel with either protocol, or the
+pair jax_ar.all_reduce + jax_ar.rms_norm ("composed"), each predicted by its
+own curve for a whole call.
+
 The table is the one `python -m jax_ar tune` measured (see table.py for
 where it is looked up, JAX_AR_TABLE included), else the shipped defaults
 (defaults.py).
@@ -21,12 +26,13 @@ from typing import Callable
 from .. import config
 from .._version import __version__
 from .defaults import default_table
-from .table import TABLE_ENV, Table, load_table, table_path
+from .table import NORM_PATHS as _NORM_PATHS, TABLE_ENV, Table, load_table, table_path
 
-__all__ = ["CANDIDATES", "choose_algorithm", "choose_for", "clear_cache", "predict_all",
-           "predict_us", "table_for"]
+__all__ = ["CANDIDATES", "NORM_PATHS", "choose_algorithm", "choose_for", "choose_norm_path",
+           "clear_cache", "predict_all", "predict_us", "table_for"]
 
 CANDIDATES = ("oneshot", "twoshot", "psum")
+NORM_PATHS = _NORM_PATHS
 
 # --- Which table ------------------------------------------------------------
 _lock = threading.Lock()
@@ -52,6 +58,7 @@ def table_for(platform: str, device_kind: str | None, world: int) -> Table:
             table = load_table(path, platform, kind, world, __version__)
         else:
             table = default_table(platform, kind, world)
+    table = table.completed_by(default_table(platform, kind, world))  # an older schema's file
     with _lock:
         _tables[key] = table
     return table
@@ -107,3 +114,23 @@ def choose_for(comm, nbytes: int) -> str:
     return choose_algorithm(comm.platform, comm.world_size, nbytes,
                             device_kind=comm.groups[0][0].device_kind,
                             capacity_bytes=comm.capacity_bytes, candidates=candidates)
+
+
+def choose_norm_path(comm, nbytes: int, candidates: tuple = _NORM_PATHS) -> str:
+    """Which path of all_reduce_rms_norm (one of `candidates`, a subset of
+    NORM_PATHS) the table predicts fastest for a call of `nbytes` of x over
+    communicator `comm`; ties go to the earlier candidate, so the fused
+    kernel wins a tie."""
+    device_kind = comm.groups[0][0].device_kind
+    table = table_for(comm.platform, device_kind, comm.world_size)
+    predictions = {p: table.call_us(p, nbytes) for p in candidates}
+    best = min(candidates, key=lambda p: predictions[p])
+    size_class = max(0, nbytes - 1).bit_length()
+    config.log_once(
+        ("norm path", comm.platform, device_kind, comm.world_size, size_class, best,
+         candidates, table.source),
+        f"jax_ar: all_reduce_rms_norm of {nbytes} bytes over {comm.world_size} "
+        f"{device_kind or comm.platform} ranks -> {best} (predicted "
+        + ", ".join(f"{p} {t:.1f} us" for p, t in predictions.items())
+        + f"; table: {table.source})")
+    return best

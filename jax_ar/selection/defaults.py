@@ -21,6 +21,38 @@ def _gpu_defaults(n: int) -> dict:
         "oneshot": CostCurve.linear(8.0 + 0.6 * n, 20.0 * (n - 1)),
         "twoshot": CostCurve.linear(12.0 + 1.0 * n, 3.7 * ring),
         "psum": CostCurve.linear(17.0 + 1.0 * n, 4.0 * ring),
+        **_gpu_norm_defaults(n),
+    }
+
+
+# all_reduce_rms_norm's paths on the GPU, per call, through the figures of
+# docs/rms_norm.md (2 ranks sharing one H200 under MPS, bfloat16, hidden 4096
+# and 8192, 1-2048 tokens, 2026-12-01; docs/results/
+# rms_norm_fused_h200_mps2_bf16_2026-12-01.json): "composed" is the measured
+# jax_ar.all_reduce + jax_ar.rms_norm; "fused_twoshot" the fused call from
+# 1 MB, where the table of that day sent it two-shot; "fused_oneshot" the
+# fused call up to 256 KB (one-shot there). Not measured, guessed so that
+# the order stays the all-reduce's: two-shot below 1 MB (11 us at the
+# smallest, above one-shot) and one-shot from 1 MB (16 us there, above
+# two-shot, 8 us/MB beyond). The choice these reproduce: fused up to
+# 4 MB (1.1-1.3x faster than the pair), the pair at 8 and 16 MB (0.89-0.90x),
+# fused again at 32 MB (1.07x; noise, or a real trend: not looked into).
+# Other world sizes were not measured: the same curves plus 1 us per rank
+# beyond two on every path, so the choice stays that of two ranks. The lead
+# refits these from the next GPU run (`python -m jax_ar tune`).
+_GPU_FUSED_ONESHOT = ((8192, 8.0), (262144, 9.7), (1048576, 16.0))
+_GPU_FUSED_TWOSHOT = ((8192, 11.0), (1048576, 13.46), (2097152, 17.24), (4194304, 28.77),
+                      (8388608, 60.95), (16777216, 130.32), (33554432, 203.06))
+_GPU_COMPOSED = ((131072, 9.5), (262144, 10.48), (1048576, 17.37), (2097152, 19.94),
+                 (4194304, 29.19), (8388608, 54.51), (16777216, 117.04), (33554432, 216.88))
+
+
+def _gpu_norm_defaults(n: int) -> dict:
+    extra = 1.0 * (n - 2)
+    return {
+        "fused_oneshot": CostCurve.through(_GPU_FUSED_ONESHOT, extra),
+        "fused_twoshot": CostCurve.through(_GPU_FUSED_TWOSHOT, extra),
+        "composed": CostCurve.through(_GPU_COMPOSED, extra),
     }
 
 
@@ -46,8 +78,31 @@ _CPU_FIT = {
 
 def _cpu_defaults(n: int) -> dict:
     t = (n - 2) / 2  # 0 at 2 ranks, 1 at 4
-    return {a: CostCurve.linear(l2 + (l4 - l2) * t, b2 + (b4 - b2) * t)
-            for a, ((l2, b2), (l4, b4)) in _CPU_FIT.items()}
+    curves = {a: CostCurve.linear(l2 + (l4 - l2) * t, b2 + (b4 - b2) * t)
+              for a, ((l2, b2), (l4, b4)) in _CPU_FIT.items()}
+    return {**curves, **_cpu_norm_defaults(n)}
+
+
+# all_reduce_rms_norm's paths on CPU devices, per call: `python -m jax_ar
+# tune` on 2 ranks of this 2-core VM (bfloat16, hidden 4096, 8 KB-4 MB,
+# 2026-12-01, load average 1.9-2.9), its fitted curves at their knots. The
+# fused path carries float32 copies of x through shared memory (twice a
+# bfloat16 message) and allocates them per call, so the pair is faster from
+# 128 KB (5.3 ms/MB against 7.6); below, fused. Other world sizes: the same
+# curves scaled by n / 2 (the ranks share two cores), so the choice, and the
+# paths CI exercises, stay those of two ranks.
+_CPU_FUSED_ONESHOT = ((8192, 131.1), (65536, 799.2), (4194304, 40096.1))
+_CPU_FUSED_TWOSHOT = ((8192, 113.7), (4194304, 31869.1))
+_CPU_COMPOSED = ((8192, 130.8), (131072, 1032.7), (4194304, 22478.0))
+
+
+def _cpu_norm_defaults(n: int) -> dict:
+    scaled = lambda points: tuple((b, t * n / 2) for b, t in points)  # noqa: E731
+    return {
+        "fused_oneshot": CostCurve.through(scaled(_CPU_FUSED_ONESHOT)),
+        "fused_twoshot": CostCurve.through(scaled(_CPU_FUSED_TWOSHOT)),
+        "composed": CostCurve.through(scaled(_CPU_COMPOSED)),
+    }
 
 
 _DEFAULTS = {"cpu": (_cpu_defaults, "CPU shared memory"),

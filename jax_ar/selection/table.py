@@ -1,9 +1,16 @@
 """The algorithm table: cost curves per algorithm, its JSON file, and where it lives.
 
-A table serves one (platform, device kind, world size). Each algorithm has a
-cost curve for one protocol round: piecewise-linear segments, each valid up
+A table serves one (platform, device kind, world size). Each all-reduce
+algorithm (ALGORITHMS) has a cost curve for one protocol round; each path of
+all_reduce_rms_norm (NORM_PATHS: the fused kernel with either protocol, and
+"composed", jax_ar.all_reduce then jax_ar.rms_norm) a curve for a whole call
+of that many bytes of x. A curve is piecewise-linear segments, each valid up
 to some message size, predicting latency_us + us_per_mb * bytes / 1e6.
 `python -m jax_ar tune` measures and writes one; selection.py reads it.
+
+Schema 2 has every curve; a schema 1 file (all-reduce curves only, from
+before the norm paths were selected) still loads: its all-reduce curves are
+used and the norm paths keep the shipped defaults (cost_model.table_for).
 
 Lookup order for a communicator: the file named by JAX_AR_TABLE (or the
 shipped defaults when JAX_AR_TABLE=default), else the tuned file in the cache
@@ -22,7 +29,9 @@ import re
 
 __all__ = [
     "ALGORITHMS",
+    "CURVES",
     "CostCurve",
+    "NORM_PATHS",
     "SCHEMA",
     "SCHEMA_VERSION",
     "Segment",
@@ -35,8 +44,12 @@ __all__ = [
 ]
 
 SCHEMA = "jax_ar.algorithm_table"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ALGORITHMS = ("oneshot", "twoshot", "psum")
+NORM_PATHS = ("fused_oneshot", "fused_twoshot", "composed")
+CURVES = ALGORITHMS + NORM_PATHS
+# The curves each schema version holds (older versions still load).
+_SCHEMA_CURVES = {1: ALGORITHMS, 2: CURVES}
 TABLE_ENV = "JAX_AR_TABLE"
 
 
@@ -72,17 +85,46 @@ class CostCurve:
     def linear(cls, latency_us: float, us_per_mb: float) -> "CostCurve":
         return cls((Segment(None, float(latency_us), float(us_per_mb)),))
 
+    @classmethod
+    def through(cls, points, extra_us: float = 0.0) -> "CostCurve":
+        """The curve through measured (bytes, us) points (sizes increasing,
+        times non-decreasing), plus `extra_us` everywhere: flat below the
+        first point, straight between points, the last line extended."""
+        (b0, t0), segments = points[0], []
+        segments.append(Segment(int(b0), float(t0) + extra_us, 0.0))
+        for j, ((b1, t1), (b2, t2)) in enumerate(zip(points, points[1:])):
+            slope = (t2 - t1) / (b2 - b1)  # us per byte
+            last = j == len(points) - 2
+            segments.append(Segment(None if last else int(b2), t1 - slope * b1 + extra_us,
+                                    slope * 1e6))
+        return cls(tuple(segments))
+
 
 @dataclasses.dataclass(frozen=True)
 class Table:
     platform: str
     device_kind: str
     world_size: int
-    curves: dict  # algorithm -> CostCurve
+    curves: dict  # algorithm or norm path -> CostCurve
     source: str  # "defaults (...)" or the file it came from
 
     def round_us(self, algorithm: str, nbytes: int) -> float:
         return self.curves[algorithm].predict(nbytes)
+
+    def call_us(self, path: str, nbytes: int) -> float:
+        """Predicted time of an all_reduce_rms_norm call of `nbytes` of x
+        taking `path` (one of NORM_PATHS)."""
+        return self.curves[path].predict(nbytes)
+
+    def completed_by(self, defaults: "Table") -> "Table":
+        """This table with the curves it lacks (an older schema's file)
+        taken from `defaults`, and its source saying so."""
+        missing = [name for name in CURVES if name not in self.curves]
+        if not missing:
+            return self
+        curves = dict(self.curves, **{name: defaults.curves[name] for name in missing})
+        return dataclasses.replace(self, curves=curves,
+                                   source=f"{self.source} ({', '.join(missing)}: {defaults.source})")
 
 
 def cache_dir() -> str:
@@ -138,18 +180,25 @@ def load_table(path: str, platform: str, device_kind: str, world_size: int,
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         reject(f"is not a jax_ar algorithm table (schema {_get(doc, 'schema')!r}, "
                f"expected {SCHEMA!r})")
-    expected = {"schema_version": SCHEMA_VERSION, "jax_ar_version": version,
-                "platform": platform, "device_kind": device_kind, "world_size": world_size}
+    schema_version = doc.get("schema_version")
+    if isinstance(schema_version, bool) or not isinstance(schema_version, int) or \
+            schema_version not in _SCHEMA_CURVES:
+        reject(f"has schema_version={schema_version!r}; this jax_ar reads "
+               f"{sorted(_SCHEMA_CURVES)}")
+    expected = {"jax_ar_version": version, "platform": platform, "device_kind": device_kind,
+                "world_size": world_size}
     for field, want in expected.items():
         if doc.get(field) != want:
             reject(f"was made for {field}={doc.get(field)!r}, but this run has "
                    f"{field}={want!r}")
+    names = _SCHEMA_CURVES[schema_version]
     algorithms = doc.get("algorithms")
-    if not isinstance(algorithms, dict) or set(algorithms) != set(ALGORITHMS):
-        reject(f"must give cost curves for exactly {list(ALGORITHMS)}, has "
+    if not isinstance(algorithms, dict) or set(algorithms) != set(names):
+        reject(f"must give cost curves for exactly {list(names)} (schema "
+               f"{schema_version}), has "
                f"{sorted(algorithms) if isinstance(algorithms, dict) else algorithms!r}")
     curves = {}
-    for name in ALGORITHMS:
+    for name in names:
         try:
             curves[name] = _parse_curve(algorithms[name])
         except (TypeError, ValueError) as e:

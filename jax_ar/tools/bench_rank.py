@@ -67,7 +67,8 @@ class Runner:
         self.unavailable = dict(config.get("unavailable", {}))
         if not self.comm.serves_calls:
             reason = f"n/a: jax_ar falls back to psum here ({self.comm.fallback_reason})"
-            for name in ("oneshot", "twoshot", "auto", "fused", "all_reduce+norm"):
+            for name in ("oneshot", "twoshot", "auto", "fused", "fused_oneshot", "fused_twoshot",
+                         "all_reduce+rms_norm"):
                 self.unavailable.setdefault(name, reason)
 
     # --- programs -----------------------------------------------------------
@@ -77,19 +78,40 @@ class Runner:
         return lambda x: (jax_ar.all_reduce(x, AXIS, op=op, algorithm=algorithm),)
 
     def _rms_norm_step(self, variant, eps):
+        """One call of an all_reduce_rms_norm variant (bench.RMS_NORM_VARIANTS,
+        and tune's fused_oneshot / fused_twoshot):
+          fused                the fused kernel, its protocol as the table
+                               picks among the fused paths
+          fused_oneshot/_twoshot  the fused kernel with that protocol
+          all_reduce+rms_norm  jax_ar.all_reduce, then jax_ar.rms_norm (the pair)
+          psum+norm            psum, then the norm in jnp (XLA's fusion)
+          auto                 all_reduce_rms_norm(algorithm="auto"): what a
+                               model gets"""
         def norm(residual_out, gamma):
             return xla_rms_norm(residual_out, gamma, eps)[0]
 
-        if variant == "fused":
+        comm = self.comm
+        if variant in ("fused", "fused_oneshot", "fused_twoshot", "auto"):
             def step(x, residual, gamma):
-                out, residual_out = jax_ar.all_reduce_rms_norm(x, residual, gamma, AXIS, eps=eps)
+                if variant == "auto":
+                    algorithm = "auto"
+                elif variant == "fused":
+                    path = selection.choose_norm_path(comm, x.size * x.dtype.itemsize,
+                                                      ("fused_oneshot", "fused_twoshot"))
+                    algorithm = path[len("fused_"):]
+                else:
+                    algorithm = variant[len("fused_"):]
+                out, residual_out = jax_ar.all_reduce_rms_norm(x, residual, gamma, AXIS, eps=eps,
+                                                               algorithm=algorithm)
                 return out, residual_out, gamma
-        else:
-            reduce = (lambda x: jax.lax.psum(x, AXIS)) if variant == "psum+norm" else \
-                     (lambda x: jax_ar.all_reduce(x, AXIS))
-
+        elif variant == "all_reduce+rms_norm":
             def step(x, residual, gamma):
-                residual_out = reduce(x) + residual
+                out, residual_out = jax_ar.rms_norm(jax_ar.all_reduce(x, AXIS), gamma, eps=eps,
+                                                    residual=residual)
+                return out, residual_out, gamma
+        else:  # psum+norm
+            def step(x, residual, gamma):
+                residual_out = jax.lax.psum(x, AXIS) + residual
                 return norm(residual_out, gamma), residual_out, gamma
         return step
 

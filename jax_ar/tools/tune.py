@@ -8,6 +8,11 @@ later runs find it. The curve of jax_ar's kernels describes one workspace
 round, so it is fitted on sizes up to what one round carries (that size is
 measured too, as the ranks' communicator reports it); selection predicts
 larger messages as several rounds.
+
+It also times all_reduce_rms_norm's paths (bfloat16, hidden NORM_HIDDEN,
+whole calls, rounds included): the fused kernel forced to each protocol and
+the pair jax_ar.all_reduce + jax_ar.rms_norm, fitted to the curves
+fused_oneshot, fused_twoshot and composed that algorithm="auto" chooses by.
 """
 from __future__ import annotations
 
@@ -32,6 +37,11 @@ __all__ = ["fit_curve", "main"]
 
 MAX_BYTES = {"cpu": "4M", "gpu": "256M"}
 MAX_KNOTS = 4  # interior knots at most: more would fit noise
+NORM_HIDDEN = 4096  # the norm paths are measured at this hidden size (bfloat16)
+NORM_DTYPE = "bfloat16"
+# Each norm path's curve, from the bench variant that times it (bench_rank).
+NORM_VARIANTS = {"fused_oneshot": "fused_oneshot", "fused_twoshot": "fused_twoshot",
+                 "composed": "all_reduce+rms_norm"}
 MIN_KNOT_GAP = 3  # measured sizes from one knot to the next: one outlier is no knot
 
 
@@ -139,11 +149,13 @@ def _summary(table: Table, capacity: dict, measured: dict) -> str:
             lines.append(f"#     {span:>18}  {ends}")
             lower = upper or lower
     lines.append("#")
+    lines.append(_norm_summary(table, measured))
+    lines.append("#")
     lines.append(f"# {'size':>10} " + " ".join(f"{a + ' us':>22}" for a in selection.CANDIDATES)
                  + f" {'pick':>8}")
     lines.append(f"# {'':>10} " + " ".join(f"{'measured / predicted':>22}"
                                             for _ in selection.CANDIDATES))
-    for size in sorted({b for pts in measured.values() for b, _ in pts}):
+    for size in sorted({b for a in selection.CANDIDATES for b, _ in measured.get(a, [])}):
         predicted = selection.predict_all(table, size, lambda a: capacity[a])
         cells = []
         for a in selection.CANDIDATES:
@@ -151,6 +163,21 @@ def _summary(table: Table, capacity: dict, measured: dict) -> str:
             cells.append(f"{(f'{got:.1f}' if got else '-'):>10} / {predicted[a]:<9.1f}")
         pick = min(selection.CANDIDATES, key=lambda a: predicted[a])
         lines.append(f"  {size:>10} " + " ".join(cells) + f" {pick:>8}")
+    return "\n".join(lines)
+
+
+def _norm_summary(table: Table, measured: dict) -> str:
+    """all_reduce_rms_norm's paths per size: measured / predicted, and the pick."""
+    paths = selection.NORM_PATHS
+    lines = [f"# all_reduce_rms_norm ({NORM_DTYPE}, hidden {NORM_HIDDEN}), whole calls",
+             f"# {'size':>10} " + " ".join(f"{p + ' us':>24}" for p in paths) + f" {'pick':>14}"]
+    for size in sorted({b for p in paths for b, _ in measured.get(p, [])}):
+        cells = []
+        for p in paths:
+            got = dict(measured.get(p, [])).get(size)
+            cells.append(f"{(f'{got:.1f}' if got else '-'):>12} / {table.call_us(p, size):<9.1f}")
+        pick = min(paths, key=lambda p: table.call_us(p, size))
+        lines.append(f"  {size:>10} " + " ".join(cells) + f" {pick:>14}")
     return "\n".join(lines)
 
 
@@ -175,6 +202,14 @@ def main(argv=None) -> int:
         if algorithm != "psum":  # the one-round limit itself: the fit's last point
             cases.append({"dtype": "float32", "op": "sum", "count": 0, "bytes": 0,
                           "algorithm": algorithm, "at_capacity": algorithm})
+    itemsize = 2  # NORM_DTYPE
+    for path, variant in NORM_VARIANTS.items():
+        for b in sizes:
+            tokens = b // (NORM_HIDDEN * itemsize)
+            if tokens >= 1:
+                cases.append({"dtype": NORM_DTYPE, "op": "rms_norm", "hidden": NORM_HIDDEN,
+                              "tokens": tokens, "count": tokens * NORM_HIDDEN,
+                              "bytes": tokens * NORM_HIDDEN * itemsize, "algorithm": variant})
     config.update(cases=cases, unavailable=unavailable, eps=1e-6, seed=0)
     print(f"jax_ar tune: {len(cases)} measurements on {ranks} {platform.upper()} ranks ...",
           file=sys.stderr, flush=True)
@@ -208,7 +243,8 @@ def main(argv=None) -> int:
     measured, curves, notes = {}, {}, {}
     for algorithm in selection.CANDIDATES:
         points = [(r["bytes"], r["time_us"]) for r in results
-                  if r["algorithm"] == algorithm and r["status"] == "ok"]
+                  if r["algorithm"] == algorithm and r["op"] != "rms_norm"
+                  and r["status"] == "ok"]
         measured[algorithm] = points
         usable = [p for p in points if algorithm == "psum" or p[0] <= capacity[algorithm]]
         if len(usable) >= 2:
@@ -218,6 +254,18 @@ def main(argv=None) -> int:
                         and r["status"] != "ok"), "too few sizes measured")
             curves[algorithm] = defaults_table.curves[algorithm]
             notes[algorithm] = f"not measured ({why}); shipped default kept"
+    for name, variant in NORM_VARIANTS.items():  # whole calls: no rounds to cut at
+        points = [(r["bytes"], r["time_us"]) for r in results
+                  if r["algorithm"] == variant and r["op"] == "rms_norm" and r["status"] == "ok"]
+        measured[name] = points
+        if len(points) >= 2:
+            curves[name] = fit_curve(points)
+        else:
+            why = next((r["status"] for r in results if r["algorithm"] == variant
+                        and r["op"] == "rms_norm" and r["status"] != "ok"),
+                       "too few sizes measured")
+            curves[name] = defaults_table.curves[name]
+            notes[name] = f"not measured ({why}); shipped default kept"
     path = ns.out or (os.environ.get(TABLE_ENV, "").strip() if
                       os.environ.get(TABLE_ENV, "").strip().lower() not in ("", "default")
                       else None) or table_path(platform, kind, world)

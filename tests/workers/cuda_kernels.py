@@ -135,66 +135,119 @@ def suite_back_to_back(mesh):
     log("back_to_back: ok")
 
 
-def fused_reference(parts, residual, gamma, eps, quantize, scale):
-    """all_reduce + residual + RMSNorm as the fused kernel defines it, in
-    numpy: exact for residual_out, float64 norm for out."""
+def fused_reference(parts, residual, gamma, eps, quantize, scale, post_gamma=None, bias=None):
+    """all_reduce + bias + post-norm + residual + RMSNorm as the fused kernel
+    defines it, in numpy (gamma, post_gamma, bias: float32 [G, H], group g
+    for rows [g T / G, (g + 1) T / G)): (out, residual_out, bound on
+    residual_out's error). residual_out is exact (bound 0) without a
+    post-norm, whose float64 reference is not a float32 computation."""
     dtype = parts[0].dtype
+    rows_per_group = parts[0].shape[0] // gamma.shape[0]
+    per_row = lambda v: np.repeat(v, rows_per_group, axis=0)  # noqa: E731
     t = parts[0].astype(np.float32)
     for p in parts[1:]:
         t = t + p.astype(np.float32)
-    residual_out = (t + residual.astype(np.float32)).astype(dtype)
-    v = residual_out.astype(np.float64)
-    y = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * gamma.astype(np.float64)
+    if bias is not None:
+        t = t + per_row(bias)
+    bound = 0.0
+    if post_gamma is None:
+        residual_out = (t + residual.astype(np.float32)).astype(residual.dtype)
+    else:
+        t64 = t.astype(np.float64)
+        post = t64 / np.sqrt(np.mean(t64 * t64, axis=-1, keepdims=True) + eps) * per_row(post_gamma)
+        residual_out = post + residual.astype(np.float64)
+        ulp = 2.0**-23 if residual.dtype == np.float32 else 2.0**-7
+        bound = (ulp + 1e-5) * (np.abs(residual_out) + np.abs(post))
+    v = (residual_out.astype(residual.dtype) if post_gamma is not None else residual_out
+         ).astype(np.float64)
+    y = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * per_row(gamma)
     if quantize:
-        return np.clip(y / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn), residual_out
-    return y.astype(dtype), residual_out
+        return np.clip(y / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn), residual_out, bound
+    return y.astype(dtype), residual_out, bound
 
 
 def suite_fused(mesh):
     """The FFI target jax_ar_all_reduce_rms_norm called directly (the Python
-    primitive lives elsewhere): residual_out bit for bit, out within the
-    norm's rounding, every rank the same bits; several launches on a small
-    workspace."""
+    primitive lives elsewhere): residual_out bit for bit (within float32
+    rounding after a post-norm), out within the norm's rounding, every rank
+    the same bits; several launches on a small workspace; a float32
+    residual beside 16-bit x, post_gamma, bias and groups of rows with
+    their own scale vectors (vmap over stacked layers)."""
     n = jax.device_count()
     rng = np.random.default_rng(SEED + 13)
     eps = 1e-6
     for workspace in (None, 4 << 20):
         comm = jax_ar.setup(mesh, "tp", workspace_bytes=workspace)
-        cases = [("bfloat16", 1, 4096), ("bfloat16", 37, 16384), ("float16", 64, 128),
-                 ("float32", 5, 8192), ("bfloat16", 200, 1024)]
+        # (x dtype, residual dtype, tokens, hidden, groups, post_gamma, bias)
+        cases = [("bfloat16", "bfloat16", 1, 4096, 1, False, False),
+                 ("bfloat16", "bfloat16", 37, 16384, 1, False, False),
+                 ("float16", "float16", 64, 128, 1, False, False),
+                 ("float32", "float32", 5, 8192, 1, False, False),
+                 ("bfloat16", "bfloat16", 200, 1024, 1, False, False),
+                 ("bfloat16", "float32", 3, 4096, 1, False, False),
+                 ("float16", "float32", 40, 2048, 4, False, True),
+                 ("bfloat16", "float32", 6, 8192, 3, True, True),
+                 ("float32", "float32", 8, 1024, 2, True, False),
+                 ("bfloat16", "bfloat16", 12, 16384, 2, True, True)]
         if workspace is not None:
-            # Several launches per call; with 8 ranks the 16384-wide rows do
-            # not fit the LL region, so one-shot calls run two-shot.
-            cases = [("bfloat16", 300, 2048), ("float32", 33, 4096), ("bfloat16", 9, 16384)]
-        for dtype, tokens, hidden in cases:
-            dt = DTYPES[dtype]
+            # Several launches per call (groups straddle them); with 8 ranks
+            # the 16384-wide rows do not fit the LL region, so one-shot calls
+            # run two-shot.
+            cases = [("bfloat16", "bfloat16", 300, 2048, 1, False, False),
+                     ("float32", "float32", 33, 4096, 1, False, False),
+                     ("bfloat16", "bfloat16", 9, 16384, 1, False, False),
+                     ("bfloat16", "float32", 300, 2048, 5, True, True),
+                     ("float16", "float32", 10, 16384, 2, True, False)]
+        for dtype, residual_dtype, tokens, hidden, groups, post, with_bias in cases:
+            dt, rdt = DTYPES[dtype], DTYPES[residual_dtype]
             x = rng.standard_normal((n * tokens, hidden)).astype(dt)
-            residual = rng.standard_normal((tokens, hidden)).astype(dt)
-            gamma = (1 + 0.1 * rng.standard_normal(hidden)).astype(dt)
+            residual = rng.standard_normal((tokens, hidden)).astype(rdt)
+            gamma = (1 + 0.1 * rng.standard_normal((groups, hidden))).astype(np.float32)
+            post_gamma = ((1 + 0.1 * rng.standard_normal((groups, hidden))).astype(np.float32)
+                          if post else np.zeros((0, hidden), np.float32))
+            bias = (rng.standard_normal((groups, hidden)).astype(np.float32) if with_bias
+                    else np.zeros((0, hidden), np.float32))
             for algorithm in ("oneshot", "twoshot"):
                 for quantize in (False, True):
                     scale = np.float32(0.05)
                     out_dtype = ml_dtypes.float8_e4m3fn if quantize else dt
 
-                    def body(xs, r, g, s):
+                    def body(xs, r, g, pg, b, sc):
                         return jax.ffi.ffi_call(
                             "jax_ar_all_reduce_rms_norm",
                             (jax.ShapeDtypeStruct(xs.shape, out_dtype),
-                             jax.ShapeDtypeStruct(xs.shape, xs.dtype)))(
-                            xs, r, g, s, comm_id=np.int64(comm.comm_id),
+                             jax.ShapeDtypeStruct(r.shape, r.dtype)))(
+                            xs, r, g, pg, b, sc, comm_id=np.int64(comm.comm_id),
                             algorithm=np.int32({"oneshot": 1, "twoshot": 2}[algorithm]),
                             eps=np.float32(eps), quantize=np.int32(quantize))
 
-                    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P(), P()),
+                    f = jax.jit(jax.shard_map(body, mesh=mesh,
+                                              in_specs=(P("tp"), P(), P(), P(), P(), P()),
                                               out_specs=(P(), P()), check_vma=False))
                     out, residual_out = f(global_array(x, mesh, P("tp")),
                                           global_array(residual, mesh, P()),
-                                          global_array(gamma, mesh, P()), jnp.float32(scale))
-                    want_out, want_res = fused_reference(np.split(x, n), residual, gamma, eps,
-                                                         quantize, scale)
-                    name = f"fused/{algorithm}/{dtype}/{tokens}x{hidden}/q{int(quantize)}"
+                                          global_array(gamma, mesh, P()),
+                                          global_array(post_gamma, mesh, P()),
+                                          global_array(bias, mesh, P()), jnp.float32(scale))
+                    want_out, want_res, bound = fused_reference(
+                        np.split(x, n), residual, gamma, eps, quantize, scale,
+                        post_gamma if post else None, bias if with_bias else None)
+                    name = (f"fused/{algorithm}/{dtype}+{residual_dtype}/{tokens}x{hidden}/"
+                            f"g{groups}/post{int(post)}/bias{int(with_bias)}/q{int(quantize)}")
                     for device, _, data in local_shards(residual_out):
-                        assert_bitwise_equal(data, want_res, f"{name} residual_out on {device}")
+                        assert data.dtype == rdt, (name, data.dtype)
+                        if post:
+                            error = np.abs(data.astype(np.float64) - want_res)
+                            assert (error <= bound).all(), \
+                                f"{name} residual_out on {device}: off by {error.max()}"
+                        else:
+                            assert_bitwise_equal(data, want_res, f"{name} residual_out on {device}")
+                    if post:  # out is the norm of what residual_out holds
+                        v = local_shards(residual_out)[0][2].astype(np.float64)
+                        y = v / np.sqrt(np.mean(v * v, -1, keepdims=True) + eps) * np.repeat(
+                            gamma, tokens // groups, axis=0)
+                        want_out = (np.clip(y / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+                                    if quantize else y.astype(dt))
                     for device, _, data in local_shards(out):
                         got, want = data.astype(np.float64), want_out.astype(np.float64)
                         ulp = {np.dtype(np.float32): 2**-21, DTYPES["bfloat16"]: 2**-7,

@@ -35,6 +35,32 @@ _SUBNORMAL_STEP = {np.dtype(np.float32): 2.0**-149, FLOAT_DTYPES["bfloat16"]: 2.
 FLOAT32_EVALUATION = 1e-5
 
 
+def scale_vector(gamma, offset=0.0) -> np.ndarray:
+    """What the kernels multiply by: float32(gamma) + float32(offset), added
+    in float32 (Gemma's 1 + scale is offset 1.0)."""
+    g = np.asarray(gamma).astype(np.float32)
+    return g + np.float32(offset) if offset else g
+
+
+def post_norm_float64(total: np.ndarray, post_gamma32: np.ndarray, eps: float) -> np.ndarray:
+    """The post-norm of the float32 sum over ranks, in float64."""
+    return norm_float64(total, post_gamma32, eps)
+
+
+def assert_within(got, reference64, bound, what):
+    """|got - reference| <= bound elementwise (NaN where the reference is)."""
+    got64 = np.asarray(got).astype(np.float64)
+    ref = np.asarray(reference64, np.float64)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(got64), nan), f"{what}: NaN in other places"
+    error = np.abs(got64 - ref)[~nan]
+    bound = np.broadcast_to(bound, ref.shape)[~nan]
+    if (error > bound).any():
+        i = int(np.argmax(error - bound))
+        raise AssertionError(f"{what}: {(error > bound).sum()} of {error.size} elements off "
+                             f"(worst: off by {error[i]:.3g}, bound {bound[i]:.3g})")
+
+
 def sum_in_rank_order(parts) -> np.ndarray:
     """float32 sum of the ranks' parts, rank 0 first (the kernels' order)."""
     acc = parts[0].astype(np.float32)

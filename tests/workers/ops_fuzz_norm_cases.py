@@ -66,8 +66,13 @@ def run(fz):
         fz.case(f"rms_norm eps={eps!r}", lambda: jax_ar.rms_norm(x, g, eps=eps), error, ("eps",))
     fz.case("rms_norm int32 x", lambda: jax_ar.rms_norm(x.astype(np.int32), g.astype(np.int32)),
             TypeError, ("dtype",))
-    fz.case("rms_norm gamma of another dtype",
-            lambda: jax_ar.rms_norm(x, g.astype(np.float16)), TypeError, ("gamma",))
+    fz.case("rms_norm gamma of another float dtype",
+            lambda: check_rms_norm(x, g.astype(np.float16), None, "float32"))
+    fz.case("rms_norm gamma of an integer dtype",
+            lambda: jax_ar.rms_norm(x, g.astype(np.int32)), TypeError, ("gamma",))
+    fz.case("rms_norm residual of an integer dtype",
+            lambda: jax_ar.rms_norm(x, g, residual=x.astype(np.int32)), TypeError,
+            ("residual",))
     fz.case("rms_norm scalar x", lambda: jax_ar.rms_norm(np.float32(1), g), ValueError)
     fz.case("rms_norm gamma of the wrong size", lambda: jax_ar.rms_norm(x, g[:8]), ValueError,
             ("gamma",))

@@ -1,8 +1,9 @@
 """One rank of the jax_ar.rms_norm tests. Usage: ops_rms_norm.py [SUITE...]
 
-Suites: values, sharded, shard_map, grad, vmap, bad_input. Values are
-checked against numpy (residual_out bit for bit, out against float64); the
-derivatives against jax's derivative of the plain jnp formula.
+Suites: values, mixed_dtypes, sharded, shard_map, grad, mixed_grad, vmap,
+bad_input. Values are checked against numpy (residual_out bit for bit, out
+against float64); the derivatives against jax's derivative of the plain jnp
+formula.
 """
 import os
 
@@ -15,13 +16,14 @@ import jax_ar
 from common import (assert_equal_nan_aware, expect_error, global_array, local_shards, log,
                     main_guard, run_suites, suites_in)
 from norm_checks import (FLOAT_DTYPES, add_residual, assert_norm_close,
-                         norm_float64, random_normal)
+                         norm_float64, random_normal, scale_vector)
 
 SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
 
 
-def numpy_rms_norm(x, gamma, eps, residual=None):
+def numpy_rms_norm(x, gamma, eps, residual=None, offset=0.0):
     """(float64 out reference, residual_out or None) from numpy alone."""
+    gamma = scale_vector(gamma, offset)
     if residual is None:
         return norm_float64(x, gamma, eps), None
     residual_out = add_residual(x.astype(np.float32), residual)
@@ -84,6 +86,55 @@ def suite_values(mesh):
     out = np.asarray(jax_ar.rms_norm(x, gamma, eps=1e-30))
     assert_norm_close(out, norm_float64(x, gamma, 1e-30), "specials (eager)")
     log(f"values: {len(cases)} cases ok")
+
+
+def suite_mixed_dtypes(mesh):
+    """Every (x, residual) dtype pair, gammas of other dtypes and Gemma's
+    scale_offset: out in x's dtype, residual_out in the residual's, both
+    against numpy (a float32 residual beside 16-bit x runs in the kernel;
+    other pairs in XLA's ops, the same arithmetic)."""
+    rng = np.random.default_rng(SEED + 16)
+    cases = []
+    for x_dt in FLOAT_DTYPES:
+        for r_dt in FLOAT_DTYPES:
+            g_dt = ("float32", "bfloat16", "float16")[len(cases) % 3]
+            cases.append((x_dt, r_dt, g_dt, (0.0, 1.0)[len(cases) % 2], (3, 512)))
+    cases += [("bfloat16", "float32", "float32", 1.0, (2, 5, 1024)),
+              ("float16", "float32", "bfloat16", 0.0, (1, 8192)), ("float32", None, "bfloat16",
+                                                                   1.0, (4, 256))]
+    inputs = []
+    for x_dt, r_dt, g_dt, offset, shape in cases:
+        x = random_normal(rng, shape, FLOAT_DTYPES[x_dt], scale=2.0)
+        gamma = random_normal(rng, shape[-1:], FLOAT_DTYPES[g_dt], scale=0.3)
+        residual = None if r_dt is None else random_normal(rng, shape, FLOAT_DTYPES[r_dt])
+        inputs.append((x, gamma, residual))
+
+    def program(*flat):
+        outs, it = [], iter(flat)
+        for x_dt, r_dt, g_dt, offset, shape in cases:
+            x, gamma = next(it), next(it)
+            residual = next(it) if r_dt is not None else None
+            outs.append(jax_ar.rms_norm(x, gamma, residual=residual, scale_offset=offset))
+        return outs
+
+    results = jax.jit(program)(*[a for case in inputs for a in case if a is not None])
+    for (x_dt, r_dt, g_dt, offset, shape), (x, gamma, residual), result in zip(cases, inputs,
+                                                                            results):
+        what = f"rms_norm x={x_dt} residual={r_dt} gamma={g_dt} offset={offset} {shape}"
+        want_out, want_residual = numpy_rms_norm(x, gamma, 1e-6, residual, offset)
+        out = np.asarray(result[0] if r_dt is not None else result)
+        assert out.dtype == x.dtype, (what, out.dtype)
+        if r_dt is not None:
+            residual_out = np.asarray(result[1])
+            assert residual_out.dtype == residual.dtype, (what, residual_out.dtype)
+            assert_equal_nan_aware(residual_out, want_residual, what + " residual_out")
+        assert_norm_close(out, want_out, what)
+    # The kernel serves the float32 residual (no XLA fallback in the program).
+    x = jnp.ones((2, 256), jnp.bfloat16)
+    hlo = jax.jit(lambda a, b, c: jax_ar.rms_norm(a, c, residual=b)).lower(
+        x, jnp.ones((2, 256), jnp.float32), jnp.ones(256, jnp.float32)).as_text()
+    assert "jax_ar_add_rms_norm" in hlo, hlo[-1500:]
+    log(f"mixed_dtypes: {len(cases)} cases ok")
 
 
 def suite_sharded(mesh):
@@ -217,6 +268,46 @@ def suite_grad(mesh):
     log("grad: ok")
 
 
+def jnp_mixed_norm(x, gamma, eps, residual, offset):
+    """The unfused jnp composition with mixed dtypes and scale_offset."""
+    f32 = jnp.float32
+    residual_out = (x.astype(f32) + residual.astype(f32)).astype(residual.dtype)
+    v = residual_out.astype(f32)
+    scale = gamma.astype(f32) + f32(offset)
+    out = v * jax.lax.rsqrt(jnp.mean(v * v, -1, keepdims=True) + eps) * scale
+    return out.astype(x.dtype), residual_out
+
+
+def suite_mixed_grad(mesh):
+    """Derivatives with a residual of another dtype, gammas of another dtype
+    and scale_offset, against jax.grad of the jnp composition."""
+    rng = np.random.default_rng(SEED + 17)
+    for x_dt, r_dt, g_dt, offset, rtol in (("bfloat16", "float32", "float32", 1.0, 2e-2),
+                                           ("float16", "float32", "bfloat16", 0.0, 2e-2),
+                                           ("float32", "bfloat16", "float32", 1.0, 2e-2),
+                                           ("float32", "float32", "float16", 1.0, 2e-5)):
+        x = jnp.asarray(random_normal(rng, (6, 256), FLOAT_DTYPES[x_dt], scale=2.0))
+        residual = jnp.asarray(random_normal(rng, (6, 256), FLOAT_DTYPES[r_dt]))
+        gamma = jnp.asarray(random_normal(rng, (256,), FLOAT_DTYPES[g_dt], scale=0.3))
+        weights = jnp.asarray(random_normal(rng, (6, 256), np.float32))
+
+        def loss(norm, a, b, c):
+            out, residual_out = norm(a, c, 1e-5, b, offset)
+            return (jnp.sum(jnp.sin(out.astype(jnp.float32)) * weights)
+                    + jnp.sum(residual_out.astype(jnp.float32) ** 2))
+
+        ours = lambda a, c, eps, b, o: jax_ar.rms_norm(a, c, eps=eps, residual=b, scale_offset=o)
+        got = jax.jit(jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2)))(x, residual, gamma)
+        want = jax.grad(lambda *a: loss(jnp_mixed_norm, *a), argnums=(0, 1, 2))(x, residual, gamma)
+        for name, g, w in zip(("x", "residual", "gamma"), got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape, (name, g.dtype, w.dtype)
+            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                       rtol=rtol, atol=rtol * float(jnp.abs(w).max()),
+                                       err_msg=f"grad x={x_dt} residual={r_dt} gamma={g_dt} "
+                                               f"wrt {name}")
+    log("mixed_grad: ok")
+
+
 def suite_vmap(mesh):
     rng = np.random.default_rng(SEED + 15)
     dtype = FLOAT_DTYPES["float16"]
@@ -245,10 +336,15 @@ def suite_bad_input(mesh):
     expect_error(ValueError, "gamma has shape (2, 64)", lambda: norm(x, jnp.ones((2, 64))))
     expect_error(ValueError, "residual has shape (3, 64)",
                  lambda: norm(x, g, residual=jnp.ones((3, 64))))
-    expect_error(TypeError, "residual has dtype bfloat16",
-                 lambda: norm(x, g, residual=x.astype(jnp.bfloat16)))
-    expect_error(TypeError, "gamma has dtype float16", lambda: norm(x, g.astype(jnp.float16)))
+    expect_error(TypeError, "residual has dtype int32",
+                 lambda: norm(x, g, residual=x.astype(jnp.int32)))
+    expect_error(TypeError, "gamma has dtype int32", lambda: norm(x, g.astype(jnp.int32)))
     expect_error(TypeError, "x has dtype int32", lambda: norm(x.astype(jnp.int32), g))
+    expect_error(TypeError, "scale_offset must be a Python float",
+                 lambda: norm(x, g, scale_offset="1"))
+    expect_error(ValueError, "scale_offset must be finite",
+                 lambda: norm(x, g, scale_offset=float("inf")))
+    expect_error(TypeError, "gamma is required", lambda: norm(x, None))
     expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=0.0))
     expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=-1e-6))
     expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=float("nan")))
