@@ -210,12 +210,16 @@ def _max_difference(got, want):
     return difference, magnitude
 
 
-def compare(mesh, d_model=256, num_heads=4, head_dim=64, d_ff=512, batch=2, length=8, seed=0):
+def compare(mesh, d_model=256, num_heads=4, head_dim=64, d_ff=512, batch=2, length=8, seed=0,
+            sharded_twins=True):
     """Runs ShardMapBlock and JitBlock with jax_ar and their twins without,
     from one checkpoint and input. mesh: a 1-D mesh over AXIS that
     jax_ar.setup saw (its axes Auto, so XLA propagates the parameters'
-    shardings in plain jit). Returns {"shard_map": (max |difference|, max
-    |value|), "jit": (...), "jax_ar modes": (...)} over both outputs."""
+    shardings in plain jit). sharded_twins=False (where XLA's collectives
+    cannot run, e.g. ranks sharing a GPU) compares both with the twin
+    computed unsharded (replicated parameters, no collective). Returns
+    {"shard_map": (max |difference|, max |value|), "jit": (...), "jax_ar
+    modes": (...)} over both outputs."""
     params = checkpoint(d_model, num_heads, head_dim, d_ff, seed)
     rng = np.random.default_rng(seed + 1)
     embeddings = rng.standard_normal((batch, length, d_model)).astype(np.float32)
@@ -224,10 +228,12 @@ def compare(mesh, d_model=256, num_heads=4, head_dim=64, d_ff=512, batch=2, leng
     replicated = NamedSharding(mesh, P())
     inputs = (to_global(normed, replicated), to_global(embeddings, replicated))
 
-    def placed(block):
+    def placed(block, sharded=True):
         load(block, params)
         graphdef, state = nnx.split(block)
         specs = parameter_specs(state)
+        if not sharded:
+            specs = jax.tree.map(lambda _: P(), specs)
         state = jax.tree.map(lambda v, s: to_global(v, NamedSharding(mesh, s)), state, specs)
         return graphdef, state, specs
 
@@ -235,11 +241,12 @@ def compare(mesh, d_model=256, num_heads=4, head_dim=64, d_ff=512, batch=2, leng
     for kind in ("shard_map", "jit"):
         outs = []
         for use_jax_ar in (True, False):
-            cls = ShardMapBlock if kind == "shard_map" else JitBlock
+            unsharded = not use_jax_ar and not sharded_twins
+            cls = ShardMapBlock if kind == "shard_map" and not unsharded else JitBlock
             block = cls(d_model, num_heads, head_dim, d_ff, jax_ar=use_jax_ar, rngs=nnx.Rngs(0))
-            graphdef, state, specs = placed(block)
+            graphdef, state, specs = placed(block, sharded=not unsharded)
             body = lambda st, n, r, g=graphdef: nnx.merge(g, st)(n, r)  # noqa: E731
-            if kind == "shard_map":
+            if cls is ShardMapBlock:
                 run = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P(), P()),
                                             out_specs=(P(), P())))
             else:  # replicated results, to compare like the shard_map ones
