@@ -51,6 +51,9 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
   Message message({segment}, ReduceOp::kSum, algorithm, state.world, kOperation);
   if (auto error = RunAllReduce(state, message); error.failure()) return error;
 
+  // The residual add and the norms keep subnormals too (XLA:CPU's threads
+  // flush them): a row of huge values has a subnormal inverse RMS.
+  KeepSubnormals keep_subnormals;
   const auto* rs = static_cast<const ResidualStorage*>(residual.untyped_data());
   auto* ros = static_cast<ResidualStorage*>(residual_out.untyped_data());
   const auto* gammas = static_cast<const float*>(gamma.untyped_data());

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/exchange.h"  // KeepSubnormals
+
 namespace jax_ar::cpu {
 
 namespace {
@@ -46,6 +48,9 @@ void NormRows(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual, const ffi
 ffi::Error Run(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
                const ffi::AnyBuffer& gamma, ffi::AnyBuffer& out, ffi::AnyBuffer* residual_out,
                float eps) {
+  // Subnormals are kept (XLA:CPU's threads flush them): a row of huge values
+  // has a subnormal inverse RMS, and residual sums may be subnormal.
+  KeepSubnormals keep_subnormals;
   size_t rows = 0, hidden = 0;
   if (auto error = CheckRmsNormCall(op, x, residual, gamma, out, residual_out, eps, rows,
                                     hidden);
