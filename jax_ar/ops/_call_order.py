@@ -18,8 +18,16 @@ different blocks that share no data (two independent loops, a nested
 function) are not ordered by this; docs/multi_axis.md says so.
 
 XLA's own collectives (psum) are ordered among themselves but not with
-jax_ar's calls, so compositions of both (multi_axis.py) order their steps
-explicitly with `after(values, link)`.
+jax_ar's calls. A jax.lax collective that serves a jax_ar call (the psum
+fallback, forms the kernels do not take) therefore joins the chain: its
+operands pass through `enter_chain`, its results through `leave_chain`
+(`in_chain(fn, *args)` does both). Without this, one device of a process
+can block in a jax_ar call waiting for a sibling device that is inside the
+psum, which waits for the first: with as many XLA:CPU worker threads as
+cores, both threads are taken and neither call ends. Compositions of both
+(multi_axis.py) order their steps explicitly with `after(values, link)`.
+A jax.lax collective the user writes next to jax_ar's calls, sharing no
+data with them, is not ordered (docs/multi_axis.md).
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
-__all__ = ["after", "ffi_call_in_order", "on_cpu"]
+__all__ = ["after", "ffi_call_in_order", "in_chain", "on_cpu"]
 
 # {thread id: (module being lowered, {block: (value, aval)})}. Not a
 # threading.local: XLA lowers custom_partitioning bodies on its own threads,
@@ -139,3 +147,56 @@ def after(values, link):
     if not values:
         return []
     return list(after_p.bind(*values, link))
+
+
+def _identity_primitive(name: str, lowering) -> Primitive:
+    """A primitive that hands its operands on unchanged, lowered by
+    `lowering(ctx, *args)`; linear, so derivatives and vmap pass through."""
+    primitive = Primitive(name)
+    primitive.multiple_results = True
+    primitive.def_abstract_eval(lambda *avals: list(avals))
+    primitive.def_impl(lambda *args: list(args))
+    mlir.register_lowering(primitive, lowering, cacheable=False)
+    ad.deflinear2(primitive, lambda cts, *args: [ad.instantiate_zeros(ct) for ct in cts])
+    batching.primitive_batchers[primitive] = lambda args, dims: (primitive.bind(*args),
+                                                                 list(dims))
+    return primitive
+
+
+def _enter_lowering(ctx, *args):
+    return after_previous_call(ctx, args)
+
+
+def _leave_lowering(ctx, *args):
+    record_call(ctx, args[0])
+    return list(args)
+
+
+enter_chain_p = _identity_primitive("jax_ar_enter_chain", _enter_lowering)
+leave_chain_p = _identity_primitive("jax_ar_leave_chain", _leave_lowering)
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, jax.Array)  # tracers too
+
+
+def in_chain(fn, *args, **kwargs):
+    """fn(*args, **kwargs) (a jax.lax collective serving a jax_ar call),
+    started after the previous jax_ar call of its block and finished before
+    the next one, on CPU devices; the arrays among `args` (any pytree) are
+    its inputs, the arrays of its result its outputs."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    where = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
+    if where:
+        entered = enter_chain_p.bind(*[leaves[i] for i in where])
+        for i, value in zip(where, entered):
+            leaves[i] = value
+    out = fn(*jax.tree_util.tree_unflatten(tree, leaves), **kwargs)
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+    out_where = [i for i, leaf in enumerate(out_leaves) if _is_array(leaf)]
+    if not out_where:
+        return out
+    left = leave_chain_p.bind(*[out_leaves[i] for i in out_where])
+    for i, value in zip(out_where, left):
+        out_leaves[i] = value
+    return jax.tree_util.tree_unflatten(out_tree, out_leaves)

@@ -69,9 +69,10 @@ def log_lax(what: str, axes, lax_name: str, reason: str) -> None:
 
 def call_lax(what: str, lax_name: str, fn, *args, **kwargs):
     """fn(*args, **kwargs), a jax.lax collective serving a call of `what`;
-    its errors name `what` too (the user called jax_ar, not jax.lax)."""
+    its errors name `what` too (the user called jax_ar, not jax.lax). On
+    CPU it keeps its place among jax_ar's calls (_call_order.in_chain)."""
     try:
-        return fn(*args, **kwargs)
+        return _call_order.in_chain(fn, *args, **kwargs)
     except (TypeError, ValueError, NameError, NotImplementedError) as e:
         try:
             named = type(e)(f"{what} (served by {lax_name}): {e}")

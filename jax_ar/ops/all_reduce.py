@@ -15,6 +15,7 @@ from jax.interpreters import ad, batching
 
 from .. import _compat, selection
 from .._native import ALGORITHM_CODES, OP_CODES
+from . import _call_order
 from ._axes import as_varying
 from ._primitive import collective_primitive, fallback_reason, log_fallback
 
@@ -28,8 +29,9 @@ LAX_NAMES = {op: f"jax.lax.{fn.__name__}" for op, fn in LAX_REDUCTIONS.items()}
 
 
 def lax_reduce(x, axes, op):
-    """The lax collective of `op` over `axes`."""
-    return LAX_REDUCTIONS[op](x, axes)
+    """The lax collective of `op` over `axes`, in its place among jax_ar's
+    calls on CPU (_call_order.in_chain)."""
+    return _call_order.in_chain(LAX_REDUCTIONS[op], x, axes)
 
 
 def _abstract_eval(*avals, axes, vma, **_):

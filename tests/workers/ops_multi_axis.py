@@ -4,7 +4,7 @@ Usage: ops_multi_axis.py PROCESSES_PER_HOST [SUITE...]
 Each process sets JAX_AR_HOST_ID to "host<process index // PROCESSES_PER_HOST>"
 before setup, so a (node, local) mesh has one host per "node" index.
 
-Suites: hosts, values, grad, vmap, pytree, scatter_gather,
+Suites: hosts, values, in_order, grad, vmap, pytree, scatter_gather,
 scatter_gather_both_axes, bad_input.
 all_reduce over ("node", "local") is checked bit for bit against jax_ar's
 arithmetic (each host reduces in rank order; the two hosts' sums are then
@@ -15,6 +15,7 @@ GPU, only the suites without a cross-host psum run.
 """
 import logging
 import os
+import re
 import sys
 
 import jax
@@ -169,6 +170,57 @@ def suite_values(mesh, per_host):
         digests.append(first)
     same_on_all_processes("values", digests)
     log(f"values: {len(cases)} cases ok")
+
+
+def suite_in_order(mesh, per_host):
+    """On CPU, the psums that serve jax_ar calls keep their place among
+    jax_ar's kernel calls: every all-reduce XLA runs takes its operand from
+    the jax_ar_order chain, and the next kernel call waits for its result.
+    Unordered, one device of a process blocks in a kernel call waiting for a
+    sibling that is inside a psum waiting for the first (CI saw it hang).
+    The program is then run a few times against numpy."""
+    if ON_GPU:
+        raise SuiteSkipped("the chain exists on CPU only (GPUs run one stream in order)")
+    n = mesh.devices.size
+    L = per_host_devices(mesh)
+    rng = np.random.default_rng(SEED + 7)
+    parts = {name: [random_values(rng, (64,), np.float32) for _ in range(n)]
+             for name in ("both", "local", "psum", "local_again")}
+    cases = {  # independent calls: only the chain orders them
+        "both": (lambda x: jax_ar.all_reduce(x, AXES), [parts["both"]]),
+        "local": (lambda x: jax_ar.all_reduce(x, "local"), [parts["local"]]),
+        "psum": (lambda x: jax_ar.all_reduce(x, AXES, algorithm="psum"), [parts["psum"]]),
+        "local_again": (lambda x: jax_ar.all_reduce(x, "local"), [parts["local_again"]]),
+    }
+    text = lowered_text(mesh, cases)
+    produced_by = dict(re.findall(r"(%[\w#]+)(?::\d+)? = stablehlo\.custom_call @(\w+)", text))
+    psum_operands = re.findall(r'"stablehlo\.all_reduce"\((%[\w#]+)', text)
+    assert len(psum_operands) >= 2, text  # the plan's psum over 'node' and the psum case
+    unordered = [v for v in psum_operands if produced_by.get(v.split("#")[0]) != "jax_ar_order"]
+    assert not unordered, f"psum operands {unordered} are not chained after a jax_ar call:\n{text}"
+    for _ in range(3):
+        results = run_cases(mesh, cases)
+        for name, per_rank in results.items():
+            for r, got in per_rank.items():
+                if name.startswith("local"):
+                    host = r // L * L
+                    want = emulate_all_reduce(parts[name][host:host + L], "sum")
+                else:
+                    want = multi_axis_reference(parts[name], L, "sum")
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6,
+                                           err_msg=f"{name} on rank {r}")
+    log(f"in_order: ok ({len(psum_operands)} psums chained)")
+
+
+def lowered_text(mesh, cases):
+    """The StableHLO of run_cases' program for `cases`."""
+    spec = P(tuple(mesh.axis_names))
+    names = list(cases)
+    body = lambda *xs: tuple(cases[k][0](x[0])[None] for k, x in zip(names, xs))  # noqa: E731
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in names),
+                              out_specs=tuple(spec for _ in names), check_vma=False))
+    n = mesh.devices.size
+    return f.lower(*[jax.ShapeDtypeStruct((n, 64), np.float32) for _ in names]).as_text()
 
 
 def suite_grad(mesh, per_host):
