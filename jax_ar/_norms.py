@@ -14,7 +14,8 @@ from .ops._axes import classify_axes, communicator_for, normalize_axes
 from .ops._primitive import call_lax, log_lax
 from .ops.all_reduce_rms_norm import composed, fused_or_composed
 from .ops.multi_axis import all_reduce_over
-from .ops.norm_math import reference, scale_vector
+from .ops._call_order import in_chain
+from .ops.norm_math import reference, scale_vector, widen
 from .ops.rms_norm import SUPPORTED_DTYPES, kernel_takes_residual, rms_norm_p
 
 __all__ = ["all_reduce_rms_norm", "rms_norm"]
@@ -95,13 +96,13 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
         algorithm = config.algorithm_override() or "auto"
     gamma = scale_vector(gamma, offset)
     post_gamma = None if post_gamma is None else scale_vector(post_gamma, offset)
-    bias = None if bias is None else bias.astype(jnp.float32)
+    bias = None if bias is None else widen(bias)
     if len(axes) == 1 and kinds.mesh:  # the fused kernel's case
         comm = communicator_for(axes[0], op)
         if comm is not None:
             return fused_or_composed(x, residual, gamma, post_gamma, bias, scale, axes, comm,
                                      eps, algorithm, quantize)
-        reduce = functools.partial(jax.lax.psum, axis_name=axes)
+        reduce = functools.partial(in_chain, jax.lax.psum, axis_name=axes)
     elif not axes:
         reduce = lambda v: v  # a sum over no axis  # noqa: E731
     elif kinds.positional:

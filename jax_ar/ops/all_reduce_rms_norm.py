@@ -44,10 +44,11 @@ from jax.interpreters import batching
 
 from .. import _compat, _native, config, selection
 from .._native import ALGORITHM_CODES
+from . import _call_order
 from ._axes import as_varying
 from ._primitive import collective_primitive, fallback_reason, log_fallback
 from .all_reduce import all_reduce_p, reduce_leaves
-from .norm_math import FP8_DTYPE, fused_reference, norm_tangent, quantize_fp8
+from .norm_math import FP8_DTYPE, fused_reference, norm_tangent, quantize_fp8, widen
 from .rms_norm import kernel_takes_residual, module_serves, rms_norm_p, rms_norm_refuses
 
 __all__ = ["all_reduce_rms_norm_p", "composed", "fused_or_composed"]
@@ -128,7 +129,7 @@ def _batch_per_member_scale(args, dims, size, *, axes, algorithm, comm_id, world
                     "runs all_reduce + a separate norm")
 
     def member(x, residual, gamma, post_gamma, bias, scale):
-        (total,) = all_reduce_p.bind(x.astype(jnp.float32), axes=axes, op="sum",
+        (total,) = all_reduce_p.bind(widen(x), axes=axes, op="sum",
                                      algorithm=algorithm, comm_id=comm_id, world_size=world_size,
                                      vma=False)
         rows = jnp.arange(x.shape[0]) // (x.shape[0] // gamma.shape[0])
@@ -256,7 +257,7 @@ def _not_differentiable(fn, *args):
 def _unfused(x, residual, gamma, post_gamma, bias, scale, *, reduce, eps, quantize):
     """The same math from separate ops: reduce(float32 x), then the rest in
     jnp (norm_math.fused_reference)."""
-    y, residual_out = fused_reference(reduce(x.astype(jnp.float32)), residual, gamma, eps,
+    y, residual_out = fused_reference(reduce(widen(x)), residual, gamma, eps,
                                       post_gamma, bias)
     out = quantize_fp8(y, scale) if quantize else y.astype(x.dtype)
     return out, residual_out
@@ -323,7 +324,7 @@ def fused_or_composed(x, residual, gamma, post_gamma, bias, scale, axes, comm, e
     def unfused(reduce):
         return composed(x, residual, gamma, post_gamma, bias, scale, reduce, eps, quantize)
 
-    psum = functools.partial(jax.lax.psum, axis_name=axes)
+    psum = functools.partial(_call_order.in_chain, jax.lax.psum, axis_name=axes)
     if algorithm == "psum":
         return unfused(psum)
     reason = fallback_reason(comm) or module_serves(comm.platform, TARGET)

@@ -16,10 +16,25 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "fused_reference", "norm_tangent", "normalize",
-           "quantize_fp8", "reference", "scale_vector"]
+           "quantize_fp8", "reference", "scale_vector", "widen"]
 
 FP8_DTYPE = np.dtype(jnp.float8_e4m3fn)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def widen(a):
+    """float32 of `a`, whose values are exactly those `a` holds. XLA:GPU's
+    excess-precision rewrite (SimplifyFPConversions, on by default) drops a
+    float32 -> bfloat16 -> float32 round trip, so a residual_out rounded to
+    bfloat16 and read back would reach the norm unrounded, and a parameter
+    cast to the module's dtype would act at full precision (seen on an H200:
+    outputs 0.2% off the kernels' arithmetic, never on CPU). An
+    optimization barrier between the two conversions keeps the rounding; the
+    narrow value is in memory anyway (an operand or an output)."""
+    a = jnp.asarray(a)
+    if a.dtype == jnp.float32 or np.dtype(a.dtype).itemsize >= 4:
+        return a.astype(jnp.float32)
+    return jax.lax.optimization_barrier(a).astype(jnp.float32)
 
 
 def normalize(v, eps):
@@ -43,7 +58,7 @@ def scale_vector(scale, offset: float):
     """The float32 vector the kernels multiply by: f32(scale) + f32(offset),
     the addition the kernels would do (Gemma's 1 + scale is offset 1.0). No
     addition for offset 0, which would turn a -0.0 scale into +0.0."""
-    vector = jnp.asarray(scale).astype(jnp.float32)
+    vector = widen(scale)
     return vector + jnp.float32(offset) if offset != 0.0 else vector
 
 
@@ -51,14 +66,14 @@ def reference(x, gamma, eps, residual=None):
     """The jnp form of the rms_norm kernels' arithmetic (also their path for
     shapes and dtype pairs the kernels do not take): [out] or [out,
     residual_out]; out in x's dtype, residual_out in the residual's."""
-    v = x.astype(jnp.float32)
+    v = widen(x)
     outs = []
     if residual is not None:
-        residual_out = (v + residual.astype(jnp.float32)).astype(residual.dtype)
-        v = residual_out.astype(jnp.float32)
+        residual_out = (v + widen(residual)).astype(residual.dtype)
+        v = widen(residual_out)
         outs.append(residual_out)
     normalized, _ = normalize(v, eps)
-    out = (normalized * gamma.astype(jnp.float32)).astype(x.dtype)
+    out = (normalized * widen(gamma)).astype(x.dtype)
     return [out] + outs
 
 
@@ -69,8 +84,8 @@ def fused_reference(total, residual, gamma, eps, post_gamma=None, bias=None):
     t = total if bias is None else total + bias
     if post_gamma is not None:
         t = normalize(t, eps)[0] * post_gamma
-    residual_out = (t + residual.astype(jnp.float32)).astype(residual.dtype)
-    y = normalize(residual_out.astype(jnp.float32), eps)[0] * gamma
+    residual_out = (t + widen(residual)).astype(residual.dtype)
+    y = normalize(widen(residual_out), eps)[0] * gamma
     return y, residual_out
 
 

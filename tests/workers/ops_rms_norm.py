@@ -166,6 +166,13 @@ def suite_mixed_dtypes(mesh):
     hlo = jax.jit(lambda a, b, c: jax_ar.rms_norm(a, c, residual=b)).lower(
         x, jnp.ones((2, 256), jnp.float32), jnp.ones(256, jnp.float32)).as_text()
     assert "jax_ar_add_rms_norm" in hlo, hlo[-1500:]
+    # XLA's ops serve a bfloat16 residual beside float32 x; the norm must read
+    # residual_out as rounded, which XLA:GPU's excess-precision rewrite would
+    # undo without a barrier between the conversions (norm_math.widen). Only
+    # the GPU run shows the values; here the barrier is checked in place.
+    hlo = jax.jit(lambda a, b, c: jax_ar.rms_norm(a, c, residual=b)).lower(
+        jnp.ones((2, 256), jnp.float32), x, jnp.ones(256, jnp.float32)).as_text()
+    assert "optimization_barrier" in hlo, hlo[-1500:]
     log(f"mixed_dtypes: {len(cases)} cases ok")
 
 
