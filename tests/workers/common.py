@@ -32,8 +32,11 @@ def log(*args):
 
 def global_array(x: np.ndarray, mesh, spec) -> jax.Array:
     """The global array `x` laid out over `mesh` by `spec`, from host data
-    every process holds."""
-    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
+    every process holds (a process may hold none of it: a submesh of other
+    processes' devices, hence the dtype)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx],
+                                        dtype=x.dtype)
 
 
 def local_shards(y: jax.Array):
