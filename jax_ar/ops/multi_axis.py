@@ -210,6 +210,22 @@ def _scatter_psum_gather(flat, inner, outer, op, comm):
     return whole.reshape(-1)[:flat.size]
 
 
+def _constant_reduction(leaf, axes: Axes, op, what):
+    """psum / pmean of a value that is not traced. jax.lax multiplies Python
+    and numpy constants by the axis size, but exchanges bools and concrete
+    jax arrays as if they were data; every rank holds the same value, so
+    jax_ar gives lax's values and types without the exchange (which ranks
+    sharing a GPU could not run: NCCL refuses them)."""
+    if not (isinstance(leaf, jax.Array) or np.asarray(leaf).dtype == np.bool_):
+        return call_lax(what, LAX_NAMES[op], lax_reduce, leaf, axes.names, op)
+    x = jnp.asarray(leaf)
+    if x.dtype == np.bool_:
+        x = x.astype(jnp.int32)  # as jax.lax.psum
+    size = jax.lax.psum(1, axes.names)  # a Python int: lax's constant rule
+    total = x * size
+    return total if op == "sum" else total / size  # int32 averages are float32, as pmean's
+
+
 def _divide(total_sum, count):
     """avg from a sum: float32 division, rounded once (int32 gives float32, as pmean)."""
     if total_sum.dtype == jnp.int32:
@@ -241,7 +257,7 @@ def all_reduce_over(leaves, axes: Axes, op, algorithm, what) -> list:
         if not isinstance(leaf, jax.core.Tracer):
             _check_array_like(leaf, what)
             if op in ("sum", "avg"):
-                out[i] = call_lax(what, lax_name, lax_reduce, leaf, axes.names, op)
+                out[i] = _constant_reduction(leaf, axes, op, what)
                 continue
             leaf = jnp.asarray(leaf)
         if leaf.dtype == np.bool_ and op in ("sum", "avg"):

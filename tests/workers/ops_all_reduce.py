@@ -12,7 +12,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_ar
 from common import (DTYPES, OPS, SuiteSkipped, assert_bitwise_equal, assert_close_to_float64,
@@ -281,6 +281,18 @@ def suite_lax_scalars(mesh, comm):
         cases["axis size idiom"] = (lambda v: v / jax_ar.all_reduce(1, "tp"),
                                     lambda v: v / jax.lax.psum(1, "tp"), [traced["float32"]])
         compare_with_lax(mesh, cases, expected, check_vma=check_vma)
+    # Sums of constants move nothing, also where jax.lax exchanges them
+    # (bools, concrete jax arrays): ranks sharing a GPU cannot run XLA's
+    # all-reduce (NCCL), and there is nothing to exchange.
+    spec = P("tp")
+    for label in ("True", "jax f32[]", "1"):
+        for op in ("sum", "avg"):
+            f = jax.jit(jax.shard_map(
+                lambda v, c=constants[label], op=op: v + jax_ar.all_reduce(c, "tp", op=op),
+                mesh=mesh, in_specs=spec, out_specs=spec))
+            text = f.lower(jax.ShapeDtypeStruct((n,), np.float32,
+                                                sharding=NamedSharding(mesh, spec))).as_text()
+            assert "all_reduce" not in text, f"{op}({label}) exchanges a constant:\n{text}"
     log(f"lax_scalars: {len(cases)} forms ok")
 
 
