@@ -226,10 +226,20 @@ def scenario_skip(mesh):
     fresh.close()
 
 
+def kv_barrier(name):
+    """Every process here before any goes on (setup's own deadline is the
+    short DEADLINE_S, which a rank still sleeping through the previous
+    scenario would miss)."""
+    kv_signal(name)
+    for process in range(jax.process_count()):
+        kv_wait(name, process)
+
+
 def skip_and_wait(mesh, fn, args, operation):
     odd = me() == last_process()
     odd_rank = rank_of(mesh, last_process())
     what = f"skip/wait/{operation}"
+    kv_barrier(what)
     comm = setup(mesh)
     jax.block_until_ready(fn(*args))
     # Every rank's error says that a rank timed out waiting for odd.
@@ -415,11 +425,18 @@ def scenario_catchable(mesh):
         except jax_ar.JaxArTimeoutError as e:
             took = time.monotonic() - start
             cause = e.__cause__
-            assert cause is not None and not isinstance(cause, jax_ar.JaxArError), repr(cause)
-            assert "jax_ar:" in str(cause) and "timed out" in str(e), (cause, e)
+            assert "timed out" in str(e), e
+            if ON_GPU:
+                # A kernel cannot fail its XLA call: it gives up at its
+                # deadline and records why, and checked()'s comm.check()
+                # raises that record (docs/guarantees.md).
+                assert cause is None or not isinstance(cause, jax_ar.JaxArError), repr(cause)
+            else:  # the CPU handler returns an error status: XLA's error is the cause
+                assert cause is not None and not isinstance(cause, jax_ar.JaxArError), repr(cause)
+                assert "jax_ar:" in str(cause), (cause, e)
             assert DEADLINE_S * 0.9 <= took <= DEADLINE_S + PROMPT_S, took
             log(f"catchable: JaxArTimeoutError after {took:.2f} s, from "
-                f"{type(cause).__name__}: {str(cause).splitlines()[0][:120]}")
+                f"{type(cause).__name__}: {str(cause or e).splitlines()[0][:120]}")
     # The communicator stays failed on every rank (odd learns of it from its
     # peers' published failure): a block that raises nothing itself still
     # ends in JaxArError (its comm.check()), and so does a call traced now.
