@@ -74,6 +74,11 @@ __device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t laun
 // Paces a spin-wait: every 32 polls it looks for a failure elsewhere (another
 // thread of this rank, or a peer) and checks the deadline, which starts at
 // the first check so that waits that end quickly never read the clock.
+// Block 0's thread t (t < world, t != rank) also looks at rank t's call
+// header until it has come: a peer that made a different call may never
+// send what this launch waits for (a reduce_scatter's flags beside an
+// all-reduce's LL packets), so waiting for the data alone would end at the
+// deadline as a timeout instead of naming the disagreement.
 class Waiter {
  public:
   __device__ Waiter(const ProtocolArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
@@ -91,6 +96,7 @@ class Waiter {
       Abort(a_, told, launch_);
       return false;
     }
+    if (!HeaderAgrees()) return false;
     const uint64_t now = GlobalTimerNs();
     if (deadline_ == 0) {
       deadline_ = now + a_.timeout_ns;
@@ -104,10 +110,28 @@ class Waiter {
   __device__ uint64_t launch() const { return launch_; }
 
  private:
+  // False (the rank aborted) once this thread's header peer has sent the
+  // header of a different call for this launch.
+  __device__ bool HeaderAgrees() {
+    const int peer = threadIdx.x;
+    if (header_seen_ || blockIdx.x != 0 || peer >= a_.world || peer == a_.rank) return true;
+    const uint32_t flag = LaunchFlag(launch_);
+    const uint4 v = LoadVolatile16(&ControlOf(a_.workspaces[a_.rank])->headers[launch_ & 1][peer]);
+    if (v.y != flag || v.w != flag) return true;  // not here yet
+    header_seen_ = true;
+    const uint64_t theirs = (static_cast<uint64_t>(v.z) << 32) | v.x;
+    if (theirs == a_.signature) return true;
+    Abort(a_, EncodeAbort(kMismatch, a_.rank, peer, a_.operation,
+                          static_cast<Operation>(SignatureOperation(theirs))),
+          launch_);
+    return false;
+  }
+
   const ProtocolArgs& a_;
   uint64_t launch_;
   uint64_t deadline_ = 0;
   uint32_t polls_ = 0;
+  bool header_seen_ = false;
 };
 
 struct LaunchContext {
