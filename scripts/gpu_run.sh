@@ -13,7 +13,9 @@
 # Two commands are enough for the whole run; each writes the summary of
 # everything finished so far.
 #
-#   build  pip install -e . (CUDA module for CMAKE_CUDA_ARCHITECTURES, default 90)
+#   build  pip install -e . (CUDA module for CMAKE_CUDA_ARCHITECTURES, default 90);
+#          with JAX_AR_GPU_PREBUILT=1, the modules scripts/build_for_gpu.sh
+#          put in jax_ar/ on the CPU machine (carried to the device), no build
 #   smoke  2 ranks, no pytest: the CUDA kernels' suites and all_reduce values
 #   tests  every tests/test_*.py under JAX_AR_TEST_PLATFORM=gpu, one pytest per
 #          file, JAX_AR_GPU_PARALLEL (default 2) files at a time (ranks share
@@ -119,6 +121,18 @@ echo "$(date -u +%H:%M:%S) ${STAGES[*]} (budget ${BUDGET_S}s)" >> "$STATE/comman
 : > "$STATE/notes"
 
 stage_build() {
+  if [ "${JAX_AR_GPU_PREBUILT:-0}" = 1 ]; then
+    # Modules compiled on the CPU machine (same nvcc, this Python's ABI,
+    # this jax's FFI headers: scripts/build_for_gpu.sh) lie in jax_ar/ of
+    # the carried tree; the tree is then imported from where it is.
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    if (cd /tmp && "$PYTHON" -c "import jax_ar._jax_ar_cpu, jax_ar._jax_ar_cuda") \
+        > "$OUT/build.log" 2>&1; then
+      record build "PASS  build: prebuilt modules ($(cat jax_ar/PREBUILT 2>/dev/null || echo '?'))"
+      return 0
+    fi
+    record build "FAIL  build: the prebuilt modules do not import (see build.log)"; exit 1
+  fi
   if done_already build && (cd /tmp && "$PYTHON" -c "import jax_ar._jax_ar_cuda" 2> /dev/null); then
     return 0
   fi
