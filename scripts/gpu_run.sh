@@ -102,7 +102,10 @@ stop_mps() {
 
 write_summary() {
   {
-    echo "jax_ar GPU run: commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), summary written $(date -u '+%Y-%m-%d %H:%M UTC')"
+    # The device tool copies the working tree, not always a current .git:
+    # JAX_AR_COMMIT (or the prebuilt modules' record) names the commit then.
+    echo "jax_ar GPU run: commit ${JAX_AR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}, summary written $(date -u '+%Y-%m-%d %H:%M UTC')"
+    [ -e jax_ar/PREBUILT ] && echo "prebuilt modules: $(cat jax_ar/PREBUILT)"
     echo "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | paste -sd ';' -), $(nproc) CPUs"
     echo "python: $($PYTHON -c 'import sys, jax; print(sys.version.split()[0], "jax", jax.__version__)' 2>/dev/null)"
     echo "commands so far: $(cat "$STATE/commands" 2>/dev/null | paste -sd ';' -)"

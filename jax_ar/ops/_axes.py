@@ -213,10 +213,11 @@ def lowered_comm_id(ctx, axis, comm_id: int, what: str) -> int:
 
 
 def _configuration(comm) -> dict:
-    """What tracing decided from (fallback, packing, the algorithm table)."""
+    """What tracing decided from (fallback, packing, the algorithm table):
+    whether psum can run, not the wording of why not (which names a device)."""
     return dict(platform=comm.platform, world_size=comm.world_size,
                 workspace_bytes=comm.workspace_bytes, serves_calls=comm.serves_calls,
-                psum_unavailable=comm.psum_unavailable)
+                psum_available=comm.psum_unavailable is None)
 
 
 def as_varying(x, axes):

@@ -201,6 +201,7 @@ def scenario_skip(mesh):
     # (c) odd skips the call and closes: the others stop at once (CPU) and
     # odd's close() logs that a peer started a call it never made.
     deadline_c = DEADLINE_S if ON_GPU else 30.0
+    kv_barrier("skip-close-setup")
     comm = setup(mesh, timeout_s=deadline_c)
     jax.block_until_ready(f(xs))
     if odd:
@@ -221,6 +222,7 @@ def scenario_skip(mesh):
                        within_s=deadline_c + PROMPT_S)
         comm.close()
 
+    kv_barrier("skip-fresh-setup")
     fresh = setup(mesh)
     check_fresh_results(mesh, 7, "skip: after close() + setup()")
     fresh.close()
@@ -315,6 +317,9 @@ def scenario_setup_disagree(mesh):
             return
         raise AssertionError(f"{what}: setup succeeded; expected {kind.__name__}")
 
+    # The bounds time the detection, not start-up skew (a GPU rank's first
+    # setup waited 13 s for a peer still initializing CUDA under MPS).
+    kv_barrier("setup-disagree")
     expect_setup_error("setup/workspace_bytes", jax_ar.JaxArError,
                        ("workspace_bytes", mine, theirs),
                        workspace_bytes=(2 << 20) if odd else (1 << 20), timeout_s=30.0)
@@ -444,7 +449,8 @@ def scenario_catchable(mesh):
     while True:
         try:
             with jax_ar.checked(comm):
-                pass
+                if ON_GPU and odd:  # a GPU rank learns of its peers' failure in its next launch
+                    jax.block_until_ready(f(xs))
         except jax_ar.JaxArError as e:
             assert "has failed" in str(e), e
             break
