@@ -216,11 +216,15 @@ def lowered_text(mesh, cases):
     """The StableHLO of run_cases' program for `cases`."""
     spec = P(tuple(mesh.axis_names))
     names = list(cases)
-    body = lambda *xs: tuple(cases[k][0](x[0])[None] for k, x in zip(names, xs))  # noqa: E731
+
+    def body(*xs):
+        return tuple(cases[k][0](x[0])[None] for k, x in zip(names, xs))
+
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in names),
                               out_specs=tuple(spec for _ in names), check_vma=False))
     n = mesh.devices.size
-    return f.lower(*[jax.ShapeDtypeStruct((n, 64), np.float32) for _ in names]).as_text()
+    zeros = np.zeros((n, 64), np.float32)
+    return f.lower(*[global_array(zeros, mesh, spec) for _ in names]).as_text()
 
 
 def suite_grad(mesh, per_host):
