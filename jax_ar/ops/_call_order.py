@@ -176,8 +176,14 @@ enter_chain_p = _identity_primitive("jax_ar_enter_chain", _enter_lowering)
 leave_chain_p = _identity_primitive("jax_ar_leave_chain", _leave_lowering)
 
 
-def _is_array(x) -> bool:
-    return isinstance(x, jax.Array)  # tracers too
+def _through(primitive, tree):
+    """`tree` with its arrays (tracers too) passed through `primitive`."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    if where:
+        for i, value in zip(where, primitive.bind(*[leaves[i] for i in where])):
+            leaves[i] = value
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def in_chain(fn, *args, **kwargs):
@@ -185,18 +191,4 @@ def in_chain(fn, *args, **kwargs):
     started after the previous jax_ar call of its block and finished before
     the next one, on CPU devices; the arrays among `args` (any pytree) are
     its inputs, the arrays of its result its outputs."""
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    where = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
-    if where:
-        entered = enter_chain_p.bind(*[leaves[i] for i in where])
-        for i, value in zip(where, entered):
-            leaves[i] = value
-    out = fn(*jax.tree_util.tree_unflatten(tree, leaves), **kwargs)
-    out_leaves, out_tree = jax.tree_util.tree_flatten(out)
-    out_where = [i for i, leaf in enumerate(out_leaves) if _is_array(leaf)]
-    if not out_where:
-        return out
-    left = leave_chain_p.bind(*[out_leaves[i] for i in out_where])
-    for i, value in zip(out_where, left):
-        out_leaves[i] = value
-    return jax.tree_util.tree_unflatten(out_tree, out_leaves)
+    return _through(leave_chain_p, fn(*_through(enter_chain_p, args), **kwargs))
