@@ -28,20 +28,14 @@ def run_cases(mesh, cases, check_vma=True):
     this process's ranks."""
     spec, ranks = rank_layout(mesh)
     names = list(cases)
-    flat_inputs, arity = [], []
-    for name in names:
-        fn, args = cases[name]
-        arity.append(len(args))
-        for per_rank in args:
-            assert len(per_rank) == ranks, (name, len(per_rank), ranks)
-            flat_inputs.append(np.concatenate([np.asarray(a)[None] for a in per_rank]))
+    flat_inputs, arity = stacked_inputs(cases, ranks)
 
     def body(*xs):
         outs, i = [], 0
         for name, k in zip(names, arity):
             local = [x[0] for x in xs[i:i + k]]
             i += k
-            outs.append(_as_block(cases[name][0](*local), mesh))
+            outs.append(as_block(cases[name][0](*local), mesh))
         return tuple(outs)
 
     in_specs = tuple(spec for _ in flat_inputs)
@@ -51,7 +45,20 @@ def run_cases(mesh, cases, check_vma=True):
     return {name: per_rank_blocks(out) for name, out in zip(names, results)}
 
 
-def _as_block(y, mesh):
+def stacked_inputs(cases, ranks):
+    """(every argument of every case with the ranks' inputs stacked along a
+    new leading dimension, in case order; the number of arguments of each
+    case)."""
+    flat_inputs, arity = [], []
+    for name, (_, args) in cases.items():
+        arity.append(len(args))
+        for per_rank in args:
+            assert len(per_rank) == ranks, (name, len(per_rank), ranks)
+            flat_inputs.append(np.concatenate([np.asarray(a)[None] for a in per_rank]))
+    return flat_inputs, arity
+
+
+def as_block(y, mesh):
     # An invariant result is made varying before it gets its rank dimension,
     # so one out_spec serves every case.
     from jax_ar import _compat

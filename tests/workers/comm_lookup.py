@@ -23,7 +23,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_ar
 from axes_cases import run_cases
-from common import (SuiteSkipped, assert_bitwise_equal, expect_error, global_array, log,
+from common import (Records, SuiteSkipped, assert_bitwise_equal, expect_error, global_array, log,
                     main_guard, random_values, run_suites, suites_in)
 
 ON_GPU = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu") == "gpu"
@@ -290,15 +290,6 @@ def suite_nested_shard_map():
     log("nested_shard_map: ok")
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def suite_abstract_mesh():
     """A shard_map over an AbstractMesh outside jax.set_mesh: the devices
     are unknown while tracing, so the call is jax.lax's, logged once."""
@@ -308,7 +299,7 @@ def suite_abstract_mesh():
     n = len(devices)
     mesh = mesh_of(devices[::-1])
     comm = jax_ar.setup(mesh, "tp")
-    records = _Records()
+    records = Records(logging.INFO)
     logger = logging.getLogger("jax_ar")
     level = logger.level
     logger.addHandler(records)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sys
 
 import jax
@@ -28,6 +29,18 @@ OPS = ("sum", "avg", "max", "min")
 
 def log(*args):
     print(f"[process {jax.process_index()}]", *args, flush=True)
+
+
+class Records(logging.Handler):
+    """Collects the messages of the log records it handles (added to the
+    "jax_ar" logger by the workers that check what jax_ar logs)."""
+
+    def __init__(self, level=logging.NOTSET):
+        super().__init__(level)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
 
 
 def global_array(x: np.ndarray, mesh, spec) -> jax.Array:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from axes_cases import per_rank_blocks, rank_layout
+from axes_cases import as_block, per_rank_blocks, rank_layout, stacked_inputs
 from common import assert_bitwise_equal, global_array
 
 ON_GPU = os.environ.get("JAX_AR_TEST_PLATFORM", "cpu") == "gpu"
@@ -34,25 +34,10 @@ def leaf_type(y):
 def run_tree_cases(mesh, cases, check_vma=True):
     """cases: {name: (fn, [per-rank inputs of each argument])}. Returns
     ({name: [{rank: numpy leaf}] per leaf}, {name: [leaf types]})."""
-    from jax_ar import _compat
-
     spec, ranks = rank_layout(mesh)
     names = list(cases)
-    flat_inputs, arity = [], []
-    for name in names:
-        fn, args = cases[name]
-        arity.append(len(args))
-        for per_rank in args:
-            assert len(per_rank) == ranks, (name, len(per_rank), ranks)
-            flat_inputs.append(np.concatenate([np.asarray(a)[None] for a in per_rank]))
+    flat_inputs, arity = stacked_inputs(cases, ranks)
     types, counts = {}, {}
-
-    def block(y):
-        y = jnp.asarray(y)
-        missing = tuple(a for a in mesh.axis_names if a not in _compat.varying_axes(jax.typeof(y)))
-        if missing and _compat.check_vma_enabled():
-            y = _compat.pcast_to_varying(y, missing)
-        return y[None]
 
     def body(*xs):
         outs, i = [], 0
@@ -62,7 +47,7 @@ def run_tree_cases(mesh, cases, check_vma=True):
             leaves = jax.tree_util.tree_leaves(cases[name][0](*local))
             types[name] = [leaf_type(leaf) for leaf in leaves]
             counts[name] = len(leaves)
-            outs.extend(block(leaf) for leaf in leaves)
+            outs.extend(as_block(jnp.asarray(leaf), mesh) for leaf in leaves)
         return tuple(outs)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(spec for _ in flat_inputs),

@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_ar
-from common import (SuiteSkipped, assert_bitwise_equal, expect_error, global_array, local_shards,
+from common import (Records, SuiteSkipped, assert_bitwise_equal, expect_error, global_array, local_shards,
                     log, main_guard, run_suites, suites_in)
 from norm_checks import FLOAT_DTYPES
 
@@ -240,15 +240,6 @@ def suite_vmap(comms):
         xs, global_array(ws, mesh, P(None, "tp", None)))
     check_shards(y, np.stack([exact_product(x[b], ws[b]) for b in range(3)]), "vmap over w")
     log("vmap: ok")
-
-
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def suite_fallback(comms):

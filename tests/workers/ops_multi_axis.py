@@ -30,7 +30,7 @@ os.environ["JAX_AR_HOST_ID"] = f"host{jax.process_index() // PROCESSES_PER_HOST}
 
 import jax_ar  # noqa: E402
 from axes_cases import run_cases  # noqa: E402
-from common import SuiteSkipped, expect_error  # noqa: E402
+from common import Records, SuiteSkipped, expect_error  # noqa: E402
 from common import (DTYPES, OPS, assert_bitwise_equal, assert_close_to_float64,  # noqa: E402
                     emulate_all_reduce, global_array, log, main_guard, run_suites, suites_in, random_values,
                     same_on_all_processes)
@@ -38,18 +38,7 @@ from common import (DTYPES, OPS, assert_bitwise_equal, assert_close_to_float64, 
 AXES = ("node", "local")
 
 
-class Records(logging.Handler):
-    """Collects jax_ar's log messages."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-RECORDS = Records()
+RECORDS = Records(logging.INFO)
 logging.getLogger("jax_ar").addHandler(RECORDS)
 logging.getLogger("jax_ar").setLevel(logging.INFO)
 

@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
-from common import global_array, log, main_guard
+from common import Records, global_array, log, main_guard
 from jax_ar import config, selection
 from jax_ar.selection import table as _table
 from jax_ar import __version__ as VERSION
@@ -42,15 +42,6 @@ def table_file(directory, cheapest):
     with open(path, "w") as f:
         json.dump(doc, f)
     return path
-
-
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def main(argv):
