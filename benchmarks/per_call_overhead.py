@@ -3,7 +3,13 @@
 Run as ranks of the launcher, e.g. on one GPU shared by 8 ranks under MPS:
 
     python -m jax_ar launch -n 8 --platform gpu benchmarks/per_call_overhead.py \
-        [--bytes 1K,16K,256K] [--algorithms oneshot,twoshot] [--stages all] [--calls 300]
+        [--bytes 1K,16K,256K] [--algorithms oneshot,twoshot] [--stages all] [--calls 300] \
+        [--stage-bytes 16K] [--copy-bytes 16K] [--variant NAME]
+
+Every JSON line names the commit of the jax_ar it imported (jax_ar/PREBUILT
+or git) and `--variant` (what an A/B run calls this tree or setting), so
+that several trees timed in one device session land in one file
+(scripts/latency_ab.sh).
 
 Every case is a jitted program of K dependent calls, each on the last one's
 result (y <- f(y)), compiled and warmed up. A sample launches it L times
@@ -53,6 +59,23 @@ def chain(step, calls):
     return body
 
 
+def tree_commit() -> str:
+    """The commit of the jax_ar imported: its prebuilt modules' record
+    (scripts/build_for_gpu.sh), else git's, else '?'."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(jax_ar.__file__)))
+    try:
+        with open(os.path.join(root, "jax_ar", "PREBUILT")) as f:
+            return f.read().split(",")[0].replace("commit", "").strip()
+    except OSError:
+        pass
+    try:
+        import subprocess
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
 def timed(fn, arg, repeats, handler_calls):
     """Seconds per run of fn(arg) after two warm-up runs (compile, record),
     and how often the FFI handlers ran during the timed runs."""
@@ -79,14 +102,24 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--launches", type=int, default=10,
                         help="back-to-back launches per sample (default 10)")
+    parser.add_argument("--stage-bytes", default=None,
+                        help="sizes at which the stages run (default: every --bytes size)")
+    parser.add_argument("--copy-bytes", default=None,
+                        help="sizes at which the copy baseline runs (default: every --bytes size)")
+    parser.add_argument("--variant", default="main", help="name of this tree or setting in the JSON")
     parser.add_argument("--json", default=None, help="also append the JSON lines to this file")
     args = parser.parse_args()
 
+    commit = tree_commit()
     mesh = jax.make_mesh((jax.device_count(),), ("tp",))
     comm = jax_ar.setup(mesh, "tp")
     assert comm.serves_calls, comm
     n = jax.device_count()
     sizes = [sweep.parse_size(s) for s in args.bytes.split(",") if s]
+    stage_sizes = sizes if args.stage_bytes is None else [
+        sweep.parse_size(s) for s in args.stage_bytes.split(",") if s]
+    copy_sizes = sizes if args.copy_bytes is None else [
+        sweep.parse_size(s) for s in args.copy_bytes.split(",") if s]
     algorithms = [a for a in args.algorithms.split(",") if a]
     stages = list(STAGES) if args.stages == "all" else [s for s in args.stages.split(",") if s]
     me = jax.process_index()
@@ -99,9 +132,10 @@ def main():
         for algorithm in algorithms:
             cases.append((f"all_reduce {algorithm}", nbytes, lambda y, a=algorithm: jax_ar.all_reduce(
                 y, "tp", op="avg", algorithm=a)))
-        for stage in stages:
+        for stage in stages if nbytes in stage_sizes else ():
             cases.append((f"stage {stage}", nbytes, lambda y, s=stage: protocol_probe(y, "tp", s)))
-        cases.append(("copy", nbytes, lambda y: jax.lax.optimization_barrier(-y)))
+        if nbytes in copy_sizes:
+            cases.append(("copy", nbytes, lambda y: jax.lax.optimization_barrier(-y)))
 
     rows = []
     for name, nbytes, step in cases:
@@ -119,6 +153,9 @@ def main():
                                                  args.repeats)
         handler_runs += comm.handler_calls() - before
         row = {
+            "commit": commit,
+            "variant": args.variant,
+            "experiment": os.environ.get("JAX_AR_EXPERIMENT", "0"),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": jax.devices()[0].device_kind,
             "jax": jax.__version__,

@@ -9,6 +9,7 @@
 // kMaxSegmentsPerLaunch arrays; each launch is a complete protocol instance.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,16 @@
 
 namespace jax_ar::gpu {
 
+uint32_t ProcessExperiment() {
+  static const uint32_t bits = [] {
+    const char* text = std::getenv("JAX_AR_EXPERIMENT");
+    return text == nullptr ? 0u : static_cast<uint32_t>(std::strtoul(text, nullptr, 0));
+  }();
+  return bits;
+}
+
 void FillProtocolArgs(const RankState& state, Operation operation, ProtocolArgs& a) {
+  a.experiment = ProcessExperiment();
   for (int r = 0; r < state.world; ++r) a.workspaces[r] = state.workspaces[r];
   a.local = state.local;
   a.record = state.record_device;
@@ -40,9 +50,9 @@ ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err) 
   return Internal(Unusable(core));
 }
 
-int OneShotBlocks(uint64_t bytes, int world) {
+int OneShotBlocks(uint64_t bytes, int world, int threads) {
   const uint64_t vectors = (bytes + 15) / 16;
-  const uint64_t blocks = (vectors + kOneShotThreads - 1) / kOneShotThreads;
+  const uint64_t blocks = (vectors + threads - 1) / threads;
   return static_cast<int>(std::clamp<uint64_t>(blocks, 1, BlockCap(world)));
 }
 
@@ -116,13 +126,15 @@ int LLTwoShotBlocks(uint64_t chunk_bytes, int world) {
 }
 
 ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
-                        uint64_t total, ReduceOp op, Algorithm algorithm, const KernelPlan& kernel) {
+                        uint64_t total, ReduceOp op, Algorithm algorithm, const KernelPlan& kernel,
+                        uint32_t experiment = 0, int one_shot_threads = kOneShotThreads) {
   if (kernel.capacity == 0) {
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }
   const uint64_t signature = CallSignature(pieces, op, algorithm, state.world);
   LaunchArgs a{};
   FillProtocolArgs(state, kOperation, a);
+  a.experiment |= experiment;
   a.slot_bytes = kernel.slot_bytes;
   a.op = static_cast<int32_t>(op);
 
@@ -150,9 +162,11 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
     a.bytes = end - begin;
     a.signature = SignatureOf(kOperation, HashMix(HashMix(signature, index), a.bytes));
     int blocks = 1;
+    int threads = kOneShotThreads;
     switch (kernel.kernel) {
       case AllReduceKernel::kOneShot:
-        blocks = OneShotBlocks(a.bytes, state.world);
+        threads = one_shot_threads;
+        blocks = OneShotBlocks(a.bytes, state.world, threads);
         break;
       case AllReduceKernel::kTwoShotLL:
         // At least one vector per rank: every rank then sends to every peer.
@@ -167,7 +181,8 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
         break;
       }
     }
-    if (const cudaError_t err = LaunchAllReduce(kernel.kernel, a, blocks, stream); err != cudaSuccess) {
+    if (const cudaError_t err = LaunchAllReduce(kernel.kernel, a, blocks, threads, stream);
+        err != cudaSuccess) {
       return LaunchFailed(state, kOperation, err);
     }
     begin = end;
@@ -178,7 +193,8 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
 }  // namespace
 
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel) {
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, uint32_t experiment,
+                       int one_shot_threads) {
   Piece p;
   if (!ToDtype(in.element_type(), p.dtype)) {
     return InvalidArgument(std::string("protocol_probe does not support dtype ") +
@@ -192,7 +208,8 @@ ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuff
   const Algorithm algorithm =
       kernel == AllReduceKernel::kOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot;
   return RunAllReduce(stream, state, {p}, AlignUp(p.bytes), ReduceOp::kSum, algorithm,
-                      PlanKernel(state.layout(), state.world, kernel));
+                      PlanKernel(state.layout(), state.world, kernel), experiment,
+                      one_shot_threads);
 }
 
 namespace {

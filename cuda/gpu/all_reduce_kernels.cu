@@ -1,11 +1,14 @@
 // The all-reduce kernels: one-shot and two-shot over LL packets, and two-shot
-// over plain data behind flags for large messages.
+// over plain data behind flags for large messages. The element type of each
+// array is read at run time and wraps only the arithmetic
+// (VectorAccumulator), so each kernel holds one copy of its wait loops.
 //
-// one-shot      Each thread owns 16-byte vectors of the message. For each it
-//               sends its input to every peer as two LL packets (slot `rank`
-//               of the peer's LL half), then awaits every rank's packets at
-//               once and reduces in rank order. No barrier, no separate
-//               flag: the data carries its own readiness.
+// one-shot      Each thread owns 16-byte vectors of the message. It sends
+//               all of them to every peer as LL packets (slot `rank` of the
+//               peer's LL half), then takes every rank's packets of each
+//               vector in rank order (packets.cuh GatherRanks: every peer's
+//               reads in flight at once) and reduces. No barrier, no
+//               separate flag: the data carries its own readiness.
 // two-shot, LL  The message is cut into `world` chunks; rank j reduces chunk
 //               j. Each thread owns vector v of every chunk: it sends vector
 //               v of chunk j to rank j, awaits vector v of its own chunk from
@@ -17,6 +20,10 @@
 //   plain       raises one flag per peer (release) and waits for the same
 //               block of every peer (acquire). Half the bytes of LL two-shot:
 //               for messages where bandwidth, not latency, counts.
+//
+// Call headers: block 0's thread t sends this launch's signature to rank t
+// at the start and reads rank t's once its own packets are out; only a
+// header that had not come by then is awaited at the end.
 //
 // Reuse of the data halves: launch n writes half n % 2 of its region (LL for
 // one-shot and LL two-shot, plain for plain two-shot; see layout.h). A rank
@@ -37,8 +44,8 @@ __device__ LocalControl g_local_controls[kMaxLiveSlots];
 
 namespace {
 
-// Block 0's threads 1..world-1 (but not `rank`) each check one peer's call
-// header: thread t checks rank t's.
+// Block 0's threads t < world (t != rank) each check one peer's call header:
+// thread t checks rank t's.
 __device__ __forceinline__ int HeaderPeerOfThread(const ProtocolArgs& a) {
   const int t = static_cast<int>(threadIdx.x);
   return blockIdx.x == 0 && t < a.world && t != a.rank ? t : -1;
@@ -60,132 +67,121 @@ __device__ __forceinline__ void StorePacked(const AllReduceArgs<kSegments>& a, u
   StoreSegment(a.segments[hint], x - a.segments[hint].offset, v);
 }
 
-// The reduction in rank order of `mine` (this rank's) and got[s] (rank s's).
-template <int kMaxWorld>
-__device__ __forceinline__ uint4 ReduceInRankOrder(const ProtocolArgs& a, int op, Dtype dtype,
-                                                   uint4 mine, const uint4 (&got)[kMaxWorld]) {
-  uint4 result;
-  DispatchDtype(dtype, [&](auto tag) {
-    result = ReduceVector<decltype(tag)::kDtype, kMaxWorld>(
-        op, a.world, [&](int s) { return s == a.rank ? mine : got[s]; });
-  });
-  return result;
+template <int kSegments>
+__device__ __forceinline__ Dtype DtypeAt(const AllReduceArgs<kSegments>& a, uint64_t x, int& hint) {
+  if (x >= a.bytes) return a.segments[0].dtype;
+  hint = FindSegment(a, x, hint);
+  return a.segments[hint].dtype;
 }
 
-template <int kSegments, int kMaxWorld>
-__global__ void __launch_bounds__(kOneShotThreads, 2)
+// The end of a launch's wait for block 0's header threads: `header` was read
+// while the data was awaited; only if it had not come yet is it awaited now.
+__device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const LaunchContext& ctx,
+                                             int header_peer, const PacketRead& header,
+                                             Waiter& waiter) {
+  if (header_peer < 0) return true;
+  if (header.Fresh(ctx.flag)) return waiter.HeaderMatches(header_peer, header);
+  return CheckHeader(a, waiter);
+}
+
+template <int kSegments>
+__global__ void __launch_bounds__(512)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   // The input does not depend on the launch number: its load is issued
   // before BeginLaunch's, so the two round trips overlap.
+  AwaitPreviousKernel();
   int hint = 0;
   const uint4 first_input = LoadPacked(a, 16 * first, hint);
-  const LaunchContext ctx = BeginLaunch(a);
-  if (!ctx.live) {
-    FillOutputs(a);
-    return;
-  }
-  SendHeader(a, ctx.launch);
-  const uint32_t flag = LaunchFlag(ctx.launch);
-  const int parity = static_cast<int>(ctx.launch & 1);
+  LaunchContext ctx;
+  if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
   Waiter waiter(a, ctx.launch);
+  const int header_peer = HeaderPeerOfThread(a);
   // Every vector of this thread goes out before the first wait, so that a
   // thread with several vectors waits for one exchange, not one per vector.
   for (uint64_t v = first; v < vectors; v += stride) {
     const uint4 input = v == first ? first_input : LoadPacked(a, 16 * v, hint);
-    SendPacketPair(a, parity, a.slot_bytes, 2 * v, input, flag);
+    SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, input, ctx.flag);
   }
-  // Then each rank's packets in rank order, one peer after another: polling
-  // every peer at once was measured slower on the H200 (docs/gpu.md).
+  PacketRead header{};
+  if (header_peer >= 0) header = ReadPacket(HeaderSlot(a, a.rank, ctx.launch, header_peer));
+  const LLPacket* half = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0);
   bool ok = true;
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     // From L2 (this launch read it): an output may alias its input, and
     // each thread reads a vector before it writes that vector's result.
     const uint4 mine = v == first ? first_input : LoadPacked(a, 16 * v, hint);
-    hint = FindSegment(a, 16 * v, hint);
-    uint4 result;
-    DispatchDtype(a.segments[hint].dtype, [&](auto tag) {
-      result = ReduceVector<decltype(tag)::kDtype, kMaxWorld>(a.op, a.world, [&](int s) {
-        return PacketPairFrom(a, s, mine, parity, a.slot_bytes, 2 * v, flag, waiter, ok);
-      });
-    });
-    if (ok) StorePacked(a, 16 * v, result, hint);
+    VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
+    ok = TakeInRankOrder(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                         [&](int base, const auto& got, int count) { sum.Add(base, got, count); });
+    if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
   }
-  if (ok) CheckHeader(a, waiter);
+  if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
   FinishLaunch(a, ctx);
 }
 
-// LL two-shot slots in rank `owner`'s LL half: phase 0 (senders' parts of
+// LL two-shot regions of rank `owner`'s LL half: phase 0 (senders' parts of
 // the owner's chunk), then phase 1 (senders' reduced chunks), `world` slots
 // of slot_bytes (two packets per 16 data bytes) each.
-__device__ __forceinline__ std::byte* TwoShotLLPhase(const ProtocolArgs& a, uint64_t slot_bytes,
-                                                     int owner, int parity, int phase) {
-  return LLHalf(a, owner, parity) + static_cast<uint64_t>(phase) * a.world * slot_bytes;
+__device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint64_t slot_bytes,
+                                                    int phase) {
+  return static_cast<uint64_t>(phase) * a.world * slot_bytes;
 }
 
-template <int kSegments, int kMaxWorld>
+template <int kSegments>
 __global__ void __launch_bounds__(kOneShotThreads, 2)
     TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  const LaunchContext ctx = BeginLaunch(a);
-  if (!ctx.live) {
-    FillOutputs(a);
-    return;
-  }
-  SendHeader(a, ctx.launch);
-  const uint32_t flag = LaunchFlag(ctx.launch);
-  const int parity = static_cast<int>(ctx.launch & 1);
+  LaunchContext ctx;
+  if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
   Waiter waiter(a, ctx.launch);
   const uint64_t chunk = a.chunk_bytes;  // >= 16: every rank sends to every peer
   const uint64_t vectors = chunk / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
-  const uint64_t phase1 = static_cast<uint64_t>(a.world) * a.slot_bytes;  // its region's offset
+  const uint64_t phase1 = TwoShotLLRegion(a, a.slot_bytes, 1);
+  const int header_peer = HeaderPeerOfThread(a);
   int hint = 0;
   // Phase 0: vector v of chunk j goes to rank j, for all of this thread's v.
   for (uint64_t v = first; v < vectors; v += stride) {
-#pragma unroll
-    for (int step = 1; step < kMaxWorld; ++step) {
-      if (step < a.world) {
-        const int peer = (a.rank + step) % a.world;
-        const uint4 part = LoadPacked(a, peer * chunk + 16 * v, hint);
-        auto* dst = reinterpret_cast<LLPacket*>(TwoShotLLPhase(a, a.slot_bytes, peer, parity, 0) +
-                                                a.rank * a.slot_bytes) + 2 * v;
-        StoreVolatile16(dst, make_uint4(part.x, flag, part.y, flag));
-        StoreVolatile16(dst + 1, make_uint4(part.z, flag, part.w, flag));
-      }
+    for (int step = 1; step < a.world; ++step) {
+      const int peer = (a.rank + step) % a.world;
+      const uint4 part = LoadPacked(a, peer * chunk + 16 * v, hint);
+      WritePacketPair(PacketSlot(a, peer, ctx.parity, a.slot_bytes, a.rank) + 2 * v, part,
+                      ctx.flag);
     }
   }
+  PacketRead header{};
+  if (header_peer >= 0) header = ReadPacket(HeaderSlot(a, a.rank, ctx.launch, header_peer));
   // Reduce this rank's chunk as its parts arrive; each reduced vector goes
   // to the output and to every peer (phase 1).
-  int header_peer = HeaderPeerOfThread(a);
+  const LLPacket* parts = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0);
   bool ok = true;
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     const uint64_t mine_at = a.rank * chunk + 16 * v;
     const uint4 mine = LoadPacked(a, mine_at, hint);
-    const Dtype dtype = a.segments[mine_at < a.bytes ? hint : 0].dtype;
-    uint4 got[kMaxWorld];
-    ok = AwaitPeerPackets(a, TwoShotLLPhase(a, a.slot_bytes, a.rank, parity, 0), a.slot_bytes,
-                          2 * v, flag, waiter, header_peer, got);
-    header_peer = -1;
+    VectorAccumulator sum(DtypeAt(a, mine_at, hint), a.op);
+    ok = TakeInRankOrder(a, parts, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                         [&](int base, const auto& got, int count) { sum.Add(base, got, count); });
     if (!ok) break;
-    const uint4 reduced = ReduceInRankOrder(a, a.op, dtype, mine, got);
+    const uint4 reduced = sum.Result(a.world);
     StorePacked(a, mine_at, reduced, hint);
-    SendPacketPair(a, parity, a.slot_bytes, 2 * v, reduced, flag, phase1);
+    SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, reduced, ctx.flag, phase1);
   }
   // Phase 1: every peer's reduced vectors into the output.
+  const LLPacket* reduced = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0, phase1);
   for (uint64_t v = first; v < vectors && ok; v += stride) {
-    uint4 got[kMaxWorld];
-    ok = AwaitPeerPackets(a, TwoShotLLPhase(a, a.slot_bytes, a.rank, parity, 1), a.slot_bytes,
-                          2 * v, flag, waiter, -1, got);
-    if (!ok) break;
+    ok = TakeInRankOrder(
+        a, reduced, a.slot_bytes, 2 * v, ctx.flag, waiter, make_uint4(0, 0, 0, 0),
+        [&](int base, const uint4 (&got)[kRanksInFlight], int count) {
 #pragma unroll
-    for (int s = 0; s < kMaxWorld; ++s) {
-      if (s < a.world && s != a.rank) StorePacked(a, s * chunk + 16 * v, got[s], hint);
-    }
+          for (int j = 0; j < kRanksInFlight; ++j) {
+            if (j < count && base + j != a.rank) StorePacked(a, (base + j) * chunk + 16 * v, got[j], hint);
+          }
+        });
   }
-  if (ok && header_peer >= 0) CheckHeader(a, waiter);  // a thread that owned no vector
+  if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
   FinishLaunch(a, ctx);
 }
 
@@ -198,13 +194,9 @@ __device__ __forceinline__ std::byte* TwoShotSlot(const AllReduceArgs<kSegments>
 template <int kSegments>
 __global__ void __launch_bounds__(kTwoShotThreads)
     TwoShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  const LaunchContext ctx = BeginLaunch(a);
-  if (!ctx.live) {
-    FillOutputs(a);
-    return;
-  }
-  SendHeader(a, ctx.launch);
-  const int parity = static_cast<int>(ctx.launch & 1);
+  LaunchContext ctx;
+  if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
+  const int parity = ctx.parity;
   Waiter waiter(a, ctx.launch);
   const uint64_t chunk = a.chunk_bytes;
   const uint64_t v_begin = blockIdx.x * a.vectors_per_block;
@@ -231,13 +223,11 @@ __global__ void __launch_bounds__(kTwoShotThreads)
     for (uint64_t v = v_begin + threadIdx.x; v < v_end && base + 16 * v < a.bytes; v += blockDim.x) {
       const uint64_t x = base + 16 * v;
       const uint4 mine = LoadPacked(a, x, hint);
-      uint4 result;
-      DispatchDtype(a.segments[hint].dtype, [&](auto tag) {
-        result = ReduceVector<decltype(tag)::kDtype>(a.op, a.world, [&](int s) {
-          if (s == a.rank) return mine;
-          return LoadShared16(TwoShotSlot(a, a.rank, parity, 0, s) + 16 * v);
-        });
-      });
+      VectorAccumulator sum(a.segments[hint].dtype, a.op);
+      for (int s = 0; s < a.world; ++s) {
+        sum.Add(s, s == a.rank ? mine : LoadShared16(TwoShotSlot(a, a.rank, parity, 0, s) + 16 * v));
+      }
+      const uint4 result = sum.Result(a.world);
       StorePacked(a, x, result, hint);
       for (int i = 1; i < a.world; ++i) {
         const int peer = (a.rank + i) % a.world;
@@ -305,36 +295,44 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
   result->status = kProbeOk;
 }
 
-template <int kSegments, int kMaxWorld>
-void Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
-            cudaStream_t stream) {
-  switch (kernel) {
-    case AllReduceKernel::kOneShot:
-      OneShotKernel<kSegments, kMaxWorld><<<blocks, kOneShotThreads, 0, stream>>>(args);
-      break;
-    case AllReduceKernel::kTwoShotLL:
-      TwoShotLLKernel<kSegments, kMaxWorld><<<blocks, kOneShotThreads, 0, stream>>>(args);
-      break;
-    case AllReduceKernel::kTwoShotPlain:
-      TwoShotKernel<kSegments><<<blocks, kTwoShotThreads, 0, stream>>>(args);
-      break;
+// Launches `kernel` with `args`; with programmatic stream serialization
+// (kExpPdl) the kernel may start before the previous kernel of the stream
+// has finished, and waits for it in AwaitPreviousKernel.
+template <typename Args>
+cudaError_t LaunchKernel(void (*kernel)(Args), const Args& args, int blocks, int threads,
+                         cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (args.experiment & kExpPdl) {
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
   }
+  return cudaLaunchKernelEx(&config, kernel, args);
 }
 
 template <int kSegments>
-void LaunchForWorld(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
-                    cudaStream_t stream) {
-  if (args.world <= kSmallWorld) {
-    Launch<kSegments, kSmallWorld>(kernel, args, blocks, stream);
-  } else {
-    Launch<kSegments, kMaxRanks>(kernel, args, blocks, stream);
+cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
+                   int threads, cudaStream_t stream) {
+  switch (kernel) {
+    case AllReduceKernel::kOneShot:
+      return LaunchKernel(OneShotKernel<kSegments>, args, blocks, threads, stream);
+    case AllReduceKernel::kTwoShotLL:
+      return LaunchKernel(TwoShotLLKernel<kSegments>, args, blocks, kOneShotThreads, stream);
+    case AllReduceKernel::kTwoShotPlain:
+      return LaunchKernel(TwoShotKernel<kSegments>, args, blocks, kTwoShotThreads, stream);
   }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            cudaStream_t stream) {
+                            int threads, cudaStream_t stream) {
   if (args.num_segments == 1) {
     AllReduceArgs<1> one;
     static_cast<ProtocolArgs&>(one) = args;
@@ -345,11 +343,9 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
     one.op = args.op;
     one.num_segments = 1;
     one.segments[0] = args.segments[0];
-    LaunchForWorld(kernel, one, blocks, stream);
-  } else {
-    LaunchForWorld(kernel, args, blocks, stream);
+    return Launch(kernel, one, blocks, threads, stream);
   }
-  return cudaGetLastError();
+  return Launch(kernel, args, blocks, threads, stream);
 }
 
 cudaError_t LocalControlAddress(int slot, LocalControl** address) {
@@ -367,14 +363,10 @@ cudaError_t WriteLocalControl(int slot, const LocalControl& value, cudaStream_t 
 cudaError_t LoadKernels() {
   cudaFuncAttributes attributes;
   for (const void* kernel : {
-           reinterpret_cast<const void*>(OneShotKernel<1, kSmallWorld>),
-           reinterpret_cast<const void*>(OneShotKernel<1, kMaxRanks>),
-           reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch, kSmallWorld>),
-           reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch, kMaxRanks>),
-           reinterpret_cast<const void*>(TwoShotLLKernel<1, kSmallWorld>),
-           reinterpret_cast<const void*>(TwoShotLLKernel<1, kMaxRanks>),
-           reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch, kSmallWorld>),
-           reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch, kMaxRanks>),
+           reinterpret_cast<const void*>(OneShotKernel<1>),
+           reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
+           reinterpret_cast<const void*>(TwoShotLLKernel<1>),
+           reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),
            reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(ProbeKernel)}) {

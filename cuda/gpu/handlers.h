@@ -23,7 +23,7 @@ ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err);
 
 // Launch configuration, from static sizes and the world size only, so that
 // every rank launches the same grid and cuts data into the same pieces.
-int OneShotBlocks(uint64_t bytes, int world);
+int OneShotBlocks(uint64_t bytes, int world, int threads = kOneShotThreads);
 struct TwoShotPlan {
   uint64_t chunk_bytes;
   uint64_t vectors_per_block;
@@ -35,9 +35,12 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 // f16, s32); false for any other.
 bool ToDtype(ffi::DataType t, Dtype& d);
 
-// The sum over the ranks of one array, with `kernel` (the protocol probe).
+// The sum over the ranks of one array, with `kernel` (the protocol probe),
+// `experiment` bits (layout.h kExp*) and one-shot blocks of
+// `one_shot_threads`.
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel);
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, uint32_t experiment = 0,
+                       int one_shot_threads = kOneShotThreads);
 
 // How often the all-reduce handler ran in this process: under CUDA graphs
 // it runs when XLA records a graph, not per call (benchmarks report it).

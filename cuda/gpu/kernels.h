@@ -13,9 +13,9 @@
 namespace jax_ar::gpu {
 
 // Launches one protocol instance on `stream` (a launch of one array passes
-// the small AllReduceArgs<1>).
+// the small AllReduceArgs<1>); `threads` per block for the one-shot.
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            cudaStream_t stream);
+                            int threads, cudaStream_t stream);
 
 // Launches one fused all-reduce + residual + RMSNorm protocol instance;
 // `vectors_per_thread` (1..4) is how many 16-byte vectors of a row each

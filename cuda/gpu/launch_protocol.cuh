@@ -1,11 +1,12 @@
 // Device side of every jax_ar launch: how it learns its launch number, how it
 // waits (with a deadline), how it fails, and how it finds its arrays.
 //
-// Launch numbers. LocalControl::completed counts finished launches of a rank;
-// every block reads it when it starts (launch = completed + 1) and the last
-// block to finish stores the new count. The next launch on the stream starts
-// after that store, so numbers advance on the device alone and a CUDA graph
-// replays correctly. All ranks make the same launches, so they agree on the
+// Launch numbers. LocalControl::completed[b] counts finished launches of a
+// rank as block b sees them: block b reads its counter when it starts
+// (launch = completed[b] + 1), and every block of a launch stores the new
+// count into the counters of its residue class (FinishLaunch). The next
+// launch on the stream starts after those stores, so numbers advance on the
+// device alone and a CUDA graph replays correctly. All ranks make the same launches, so they agree on the
 // numbers; a launch's flags and data half derive from its number.
 //
 // Failure. A wait that passes its deadline records (kind, rank, peer and
@@ -24,6 +25,7 @@
 #include <cstdint>
 
 #include "gpu/layout.h"
+#include "gpu/ll_packet.cuh"
 #include "gpu/ptx.cuh"
 
 namespace jax_ar::gpu {
@@ -39,6 +41,12 @@ __device__ __forceinline__ std::byte* LLHalf(const ProtocolArgs& a, int owner, i
 }
 __device__ __forceinline__ std::byte* PlainHalf(const ProtocolArgs& a, int owner, int parity) {
   return a.workspaces[owner] + kControlBytes + 2 * a.ll_half_bytes + parity * a.plain_half_bytes;
+}
+
+// Rank `owner`'s call-header packet from `sender` for `launch`.
+__device__ __forceinline__ LLPacket* HeaderSlot(const ProtocolArgs& a, int owner, uint64_t launch,
+                                                int sender) {
+  return &ControlOf(a.workspaces[owner])->headers[launch & 1][sender];
 }
 
 // Writes the failure record once (the host reads `kind` last-written-first).
@@ -71,9 +79,10 @@ __device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t laun
   ReportFailure(a, LoadVolatile32(&a.local->abort), launch);
 }
 
-// Paces a spin-wait: every 32 polls it looks for a failure elsewhere (another
-// thread of this rank, or a peer) and checks the deadline, which starts at
-// the first check so that waits that end quickly never read the clock.
+// Paces a spin-wait: every 32 polls (Check, out of line so that spin loops
+// stay small) it looks for a failure elsewhere (another thread of this
+// rank, or a peer) and checks the deadline, which starts at the first check
+// so that waits that end quickly never read the clock.
 // Block 0's thread t (t < world, t != rank) also looks at rank t's call
 // header until it has come: a peer that made a different call may never
 // send what this launch waits for (a reduce_scatter's flags beside an
@@ -84,8 +93,25 @@ class Waiter {
   __device__ Waiter(const ProtocolArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
 
   // False when the thread must stop waiting for `peer` (the rank is aborted).
-  __device__ bool KeepWaiting(int peer) {
+  __device__ __forceinline__ bool KeepWaiting(int peer) {
     if ((++polls_ & 31u) != 0) return true;
+    return Check(peer);
+  }
+
+  __device__ uint64_t launch() const { return launch_; }
+
+  // False (the rank aborted) once `peer`'s header `h`, of this launch,
+  // names another call than this launch's.
+  __device__ bool HeaderMatches(int peer, const PacketRead& h) {
+    if (PacketValue(h) == a_.signature) return true;
+    Abort(a_, EncodeAbort(kMismatch, a_.rank, peer, a_.operation,
+                          static_cast<Operation>(SignatureOperation(PacketValue(h)))),
+          launch_);
+    return false;
+  }
+
+ private:
+  __device__ __noinline__ bool Check(int peer) {
     const uint32_t mine = LoadVolatile32(&a_.local->abort);
     if (mine != 0) {
       ReportFailure(a_, mine, launch_);
@@ -107,24 +133,15 @@ class Waiter {
     return true;
   }
 
-  __device__ uint64_t launch() const { return launch_; }
-
- private:
   // False (the rank aborted) once this thread's header peer has sent the
   // header of a different call for this launch.
   __device__ bool HeaderAgrees() {
     const int peer = threadIdx.x;
     if (header_seen_ || blockIdx.x != 0 || peer >= a_.world || peer == a_.rank) return true;
-    const uint32_t flag = LaunchFlag(launch_);
-    const uint4 v = LoadVolatile16(&ControlOf(a_.workspaces[a_.rank])->headers[launch_ & 1][peer]);
-    if (v.y != flag || v.w != flag) return true;  // not here yet
+    const PacketRead h = ReadPacket(HeaderSlot(a_, a_.rank, launch_, peer));
+    if (!h.Fresh(LaunchFlag(launch_))) return true;  // not here yet
     header_seen_ = true;
-    const uint64_t theirs = (static_cast<uint64_t>(v.z) << 32) | v.x;
-    if (theirs == a_.signature) return true;
-    Abort(a_, EncodeAbort(kMismatch, a_.rank, peer, a_.operation,
-                          static_cast<Operation>(SignatureOperation(theirs))),
-          launch_);
-    return false;
+    return HeaderMatches(peer, h);
   }
 
   const ProtocolArgs& a_;
@@ -136,6 +153,8 @@ class Waiter {
 
 struct LaunchContext {
   uint64_t launch;
+  uint32_t flag;     // LaunchFlag(launch): what this launch's LL packets carry
+  int parity;        // launch & 1: the data half this launch uses
   bool live;
   uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
 };
@@ -149,6 +168,16 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
   }
 }
 
+// Before a kernel reads anything an earlier kernel of the stream wrote (its
+// input, the launch count): with programmatic dependent launch the kernel
+// may start while the previous one still runs, and this waits for it; a
+// kernel launched without it returns at once.
+__device__ __forceinline__ void AwaitPreviousKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Every block, first thing: the launch number, or live=false when the launch
 // is stale or the rank aborted (then nothing else may be touched). Block 0
 // also claims the number; the claim is checked only at the end (CheckAlone).
@@ -156,9 +185,11 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
   uint64_t claimed = 0;
+  AwaitPreviousKernel();
   if (threadIdx.x == 0) {
+    const int counter = (a.experiment & kExpAtomicCount) ? 0 : blockIdx.x;
     const uint64_t token = LoadVolatile64(&a.local->token);
-    const uint64_t completed = LoadVolatile64(&a.local->completed);
+    const uint64_t completed = LoadVolatile64(&a.local->completed[counter]);
     const uint32_t abort = LoadVolatile32(&a.local->abort);
     int live = token == a.token;  // only then is the slot ours to change
     if (live && abort != 0) {
@@ -172,7 +203,32 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
     s_live = live;
   }
   __syncthreads();
-  return {s_launch, s_live != 0, claimed};
+  const uint64_t launch = s_launch;
+  return {launch, LaunchFlag(launch), static_cast<int>(launch & 1), s_live != 0, claimed};
+}
+
+// Call headers: block 0's threads 0..world-1 each send the launch signature
+// to one peer as an LL packet, and later compare what that peer sent.
+__device__ inline void SendHeader(const ProtocolArgs& a, const LaunchContext& ctx) {
+  const int peer = threadIdx.x;
+  if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return;
+  WritePacket(HeaderSlot(a, peer, ctx.launch, a.rank), static_cast<uint32_t>(a.signature),
+              static_cast<uint32_t>(a.signature >> 32), ctx.flag);
+}
+
+// Every kernel's start: the launch context, and false (after `fill_outputs()`
+// wrote the all-ones outputs) when the launch may not run; a live launch
+// has sent its call header.
+template <typename FillOutputs>
+__device__ __forceinline__ bool StartLaunch(const ProtocolArgs& a, LaunchContext& ctx,
+                                            FillOutputs&& fill_outputs) {
+  ctx = BeginLaunch(a);
+  if (!ctx.live) {
+    fill_outputs();
+    return false;
+  }
+  SendHeader(a, ctx);
+  return true;
 }
 
 // Block 0, thread 0, before FinishLaunch: if another launch of this
@@ -185,22 +241,38 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
   }
 }
 
-// Every block, last thing (all threads): the last block advances the count.
-// It also looks for a failure a peer told this rank about: a launch whose
-// data all arrived never polls long enough to see it (a peer may time out
-// after sending), and the next launches must know the communicator broke.
+// Every block, last thing (all threads): block b stores the new count in
+// counters b, b + G, b + 2G, ... (G blocks), so that every counter a block
+// of the next launch may read holds it, whatever that launch's grid, and no
+// counter is written by two blocks of one launch: no block waits for
+// another, and none needs to know whether it is the last (no atomic, no
+// fence). The next launch of the stream starts only once this one has
+// finished. Each block also looks for a failure a peer told this rank
+// about: a launch whose data all arrived never polls long enough to see it
+// (a peer may time out after sending), and the next launches must know the
+// communicator broke.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
   CheckAlone(a, ctx);
-  const uint64_t launch = ctx.launch;
   __syncthreads();
+  if (a.experiment & kExpAtomicCount) {
+    if (threadIdx.x == 0) {
+      const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
+      __threadfence();
+      if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
+        if (told != 0) Abort(a, told, ctx.launch);
+        a.local->blocks_done = 0;
+        StoreVolatile64(&a.local->completed[0], ctx.launch);
+      }
+    }
+    return;
+  }
   if (threadIdx.x == 0) {
     const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
-    __threadfence();
-    if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
-      if (told != 0) Abort(a, told, launch);
-      a.local->blocks_done = 0;
-      StoreVolatile64(&a.local->completed, launch);
-    }
+    if (told != 0) Abort(a, told, ctx.launch);
+  }
+  for (uint32_t c = blockIdx.x + threadIdx.x * gridDim.x; c < kMaxBlocks;
+       c += blockDim.x * gridDim.x) {
+    StoreVolatile64(&a.local->completed[c], ctx.launch);
   }
 }
 
@@ -209,37 +281,19 @@ __device__ inline void FillOutputs(const Args& a) {
   for (int i = 0; i < a.num_segments; ++i) FillBytes(a.segments[i].out, a.segments[i].bytes);
 }
 
-// Call headers: block 0's threads 0..world-1 each send the launch signature
-// to one peer as an LL packet, and later compare what that peer sent.
-__device__ inline void SendHeader(const ProtocolArgs& a, uint64_t launch) {
-  const int peer = threadIdx.x;
-  if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return;
-  const uint32_t flag = LaunchFlag(launch);
-  LLPacket* slot = &ControlOf(a.workspaces[peer])->headers[launch & 1][a.rank];
-  StoreVolatile16(slot, make_uint4(static_cast<uint32_t>(a.signature), flag,
-                                   static_cast<uint32_t>(a.signature >> 32), flag));
-}
-
-// Returns false if the wait was given up (the rank is then aborted).
+// Block 0's thread t (t < world, t != rank): waits for rank t's call header
+// of this launch and compares it. Returns false if the wait was given up or
+// the headers differ (the rank is then aborted).
 __device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
   const int peer = threadIdx.x;
   if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return true;
-  const uint64_t launch = waiter.launch();
-  const uint32_t flag = LaunchFlag(launch);
-  const LLPacket* slot = &ControlOf(a.workspaces[a.rank])->headers[launch & 1][peer];
-  uint4 v = LoadVolatile16(slot);
-  while (v.y != flag || v.w != flag) {
-    if (!waiter.KeepWaiting(peer)) return false;
-    v = LoadVolatile16(slot);
-  }
-  const uint64_t theirs = (static_cast<uint64_t>(v.z) << 32) | v.x;
-  if (theirs != a.signature) {
-    Abort(a, EncodeAbort(kMismatch, a.rank, peer, a.operation,
-                         static_cast<Operation>(SignatureOperation(theirs))),
-          launch);
+  const LLPacket* slot = HeaderSlot(a, a.rank, waiter.launch(), peer);
+  PacketRead h = ReadPacket(slot);
+  if (!AwaitPacket(slot, LaunchFlag(waiter.launch()), h,
+                   [&] { return waiter.KeepWaiting(peer); })) {
     return false;
   }
-  return true;
+  return waiter.HeaderMatches(peer, h);
 }
 
 // Block-wide: raise this block's flag of `phase` at every peer once all of

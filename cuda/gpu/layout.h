@@ -48,12 +48,6 @@ inline constexpr int BlockCap(int world) {
 inline constexpr int kOneShotThreads = 256;
 inline constexpr int kTwoShotThreads = 512;
 
-// The all-reduce kernels keep a value per rank in registers; they are
-// compiled for groups of up to kSmallWorld ranks (few registers: every
-// rank's blocks stay resident beside other jobs on a shared GPU) and for
-// kMaxRanks.
-inline constexpr int kSmallWorld = 8;
-
 // Arrays one launch carries; a call with more leaves takes several launches.
 inline constexpr int kMaxSegmentsPerLaunch = 48;
 
@@ -103,15 +97,14 @@ struct alignas(128) PeerControl {
 static_assert(sizeof(PeerControl) <= kControlBytes, "peer control block outgrew its region");
 
 // Per rank, in the module's never-freed device table (one slot per rank).
-// (Per-block counters advanced without atomics were tried on 2026-12-01 and
-// measured slower in a chain of calls on the H200: docs/gpu.md.)
 struct alignas(64) LocalControl {
-  uint64_t token;      // identifies the registration; 0 once closed
-  uint64_t completed;  // launches finished; the running launch is completed + 1
-  uint64_t started;    // launches claimed; differs from completed + 1 only if two overlap
+  uint64_t token;    // identifies the registration; 0 once closed
+  uint64_t started;  // launches claimed; differs from completed + 1 only if two overlap
   uint32_t blocks_done;
-  uint32_t abort;      // encoded failure (EncodeAbort), 0 while healthy
-  uint32_t reported;   // the failure record has been written
+  uint32_t abort;     // encoded failure (EncodeAbort), 0 while healthy
+  uint32_t reported;  // the failure record has been written
+  // launches finished, one counter per block index (launch_protocol.cuh)
+  uint64_t completed[kMaxBlocks];
 };
 
 // Failure kinds, in LocalControl::abort / PeerControl::abort and the record.
@@ -199,7 +192,13 @@ struct ProtocolArgs {
   int32_t rank;
   int32_t world;
   Operation operation;  // the public call this launch serves, for failure records
+  uint32_t experiment;  // kExp* bits: protocol variants measured side by side (A/B only)
 };
+
+// A/B variants (JAX_AR_EXPERIMENT, read once per process).
+inline constexpr uint32_t kExpAtomicCount = 1;  // one launch counter, last block stores it
+inline constexpr uint32_t kExpSequentialWait = 2;  // one-shot: one peer at a time
+inline constexpr uint32_t kExpPdl = 4;  // launch with programmatic stream serialization
 
 // One launch of the all-reduce kernels, carrying up to kSegments arrays.
 // Kernel parameters are copied at every launch (also on CUDA-graph replay),

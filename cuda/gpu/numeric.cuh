@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/protocol.h"
 #include "gpu/layout.h"
@@ -57,41 +58,82 @@ __device__ __forceinline__ void AccumulateVector(int op, int world, Source&& sou
   }
 }
 
-// AccumulateVector for at most kMaxWorld sources, unrolled: source(s) is
-// called with compile-time indices, so sources held in a register array
-// stay in registers.
-template <Dtype D, int kMaxWorld, typename Source>
-__device__ __forceinline__ void AccumulateVectorUnrolled(int op, int world, Source&& source,
-                                                         typename Vec<D>::Acc* acc) {
-  using V = Vec<D>;
-  typename V::Acc next[V::kLanes];
-  V::Unpack(source(0), acc);
-#pragma unroll
-  for (int s = 1; s < kMaxWorld; ++s) {
-    if (s < world) {
-      V::Unpack(source(s), next);
-#pragma unroll
-      for (int i = 0; i < V::kLanes; ++i) acc[i] = Combine(op, acc[i], next[i]);
-    }
-  }
-}
+// The reduction of one 16-byte vector over the ranks, its element type
+// chosen at run time: the dispatch wraps the arithmetic of each step only,
+// never a wait, so a kernel that awaits every rank's vector holds one copy
+// of its wait loops for all element types. Add the ranks' vectors in rank
+// order (in batches), then take Result.
+class VectorAccumulator {
+ public:
+  __device__ VectorAccumulator(Dtype dtype, int op) : dtype_(dtype), op_(op) {}
 
-// The reduction of one 16-byte vector, rounded once to the element type;
-// avg divides the float32 sum once (int32 "avg" never reaches a kernel:
-// jax_ar sums integers and divides in float32, as pmean does).
-template <Dtype D, int kMaxWorld = kMaxRanks, typename Source>
-__device__ __forceinline__ uint4 ReduceVector(int op, int world, Source&& source) {
-  using V = Vec<D>;
-  typename V::Acc acc[V::kLanes];
-  AccumulateVectorUnrolled<D, kMaxWorld>(op, world, source, acc);
-  if constexpr (D != Dtype::kS32) {
-    if (op == static_cast<int>(ReduceOp::kAvg)) {
-      const float n = static_cast<float>(world);
+  // Adds the vectors v[0], .., v[count - 1] (ranks base .., in rank order;
+  // base 0 starts the sum).
+  template <int N>
+  __device__ __forceinline__ void Add(int base, const uint4 (&v)[N], int count) {
+    DispatchDtype(dtype_, [&](auto tag) {
+      using V = Vec<decltype(tag)::kDtype>;
+      using Acc = typename V::Acc;
+      Acc acc[V::kLanes], x[V::kLanes];
 #pragma unroll
-      for (int i = 0; i < V::kLanes; ++i) acc[i] = __fdiv_rn(acc[i], n);
+      for (int i = 0; i < V::kLanes; ++i) acc[i] = FromBits<Acc>(lanes_[i]);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        if (j >= count) break;
+        V::Unpack(v[j], x);
+#pragma unroll
+        for (int i = 0; i < V::kLanes; ++i) {
+          acc[i] = base == 0 && j == 0 ? x[i] : Combine(op_, acc[i], x[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < V::kLanes; ++i) lanes_[i] = Bits(acc[i]);
+    });
+  }
+
+  // Adds rank s's vector (ranks in order; rank 0 starts the sum).
+  __device__ __forceinline__ void Add(int s, uint4 v) {
+    const uint4 one[1] = {v};
+    Add(s, one, 1);
+  }
+
+  // Rounded once to the element type; avg divides the float32 sum once
+  // (int32 "avg" never reaches a kernel: jax_ar sums integers and divides
+  // in float32, as pmean does).
+  __device__ __forceinline__ uint4 Result(int world) const {
+    uint4 out;
+    DispatchDtype(dtype_, [&](auto tag) {
+      using V = Vec<decltype(tag)::kDtype>;
+      using Acc = typename V::Acc;
+      Acc x[V::kLanes];
+#pragma unroll
+      for (int i = 0; i < V::kLanes; ++i) x[i] = FromBits<Acc>(lanes_[i]);
+      if constexpr (decltype(tag)::kDtype != Dtype::kS32) {
+        if (op_ == static_cast<int>(ReduceOp::kAvg)) {
+#pragma unroll
+          for (int i = 0; i < V::kLanes; ++i) x[i] = __fdiv_rn(x[i], static_cast<float>(world));
+        }
+      }
+      out = V::Pack(x);
+    });
+    return out;
+  }
+
+ private:
+  __device__ static uint32_t Bits(float v) { return __float_as_uint(v); }
+  __device__ static uint32_t Bits(int32_t v) { return static_cast<uint32_t>(v); }
+  template <typename T>
+  __device__ static T FromBits(uint32_t b) {
+    if constexpr (std::is_same_v<T, float>) {
+      return __uint_as_float(b);
+    } else {
+      return static_cast<int32_t>(b);
     }
   }
-  return V::Pack(acc);
-}
+
+  Dtype dtype_;
+  int op_;
+  uint32_t lanes_[8];
+};
 
 }  // namespace jax_ar::gpu

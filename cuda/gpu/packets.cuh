@@ -1,7 +1,7 @@
-// LL packets: how a thread sends 16 bytes to every peer and waits for
-// theirs. A packet carries 8 data bytes and, next to each 4-byte word, the
-// launch's flag (layout.h LLPacket), so data that arrived is data that is
-// valid: no separate flag, no fence.
+// LL exchanges of 16-byte vectors: how a thread sends one to every peer and
+// how it takes every rank's in rank order. Slots: sender s's packets sit in
+// slot s of the owner's LL half, slot_bytes apart; a 16-byte vector is the
+// packet pair 2v, 2v + 1 of its slot.
 #pragma once
 
 #include <cstdint>
@@ -10,146 +10,118 @@
 
 namespace jax_ar::gpu {
 
-// LL slot of `sender` in rank `owner`'s LL half `parity` (slot_bytes each).
+// Sender `sender`'s slot in a region of rank `owner`'s LL half `parity`
+// (`region` bytes into the half).
 __device__ __forceinline__ LLPacket* PacketSlot(const ProtocolArgs& a, int owner, int parity,
-                                                uint64_t slot_bytes, int sender) {
-  return reinterpret_cast<LLPacket*>(LLHalf(a, owner, parity) + sender * slot_bytes);
+                                                uint64_t slot_bytes, int sender,
+                                                uint64_t region = 0) {
+  return reinterpret_cast<LLPacket*>(LLHalf(a, owner, parity) + region + sender * slot_bytes);
 }
 
-// Sends 16 data bytes as LL packets `packet` and `packet + 1` of slot `rank`
+// Sends 16 data bytes as packets `packet`, `packet + 1` of this rank's slot
 // in every peer's LL half (after `region` bytes of it), starting with the
 // next rank to spread the load.
 __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity,
                                                uint64_t slot_bytes, uint64_t packet, uint4 data,
                                                uint32_t flag, uint64_t region = 0) {
-  const uint4 lo = make_uint4(data.x, flag, data.y, flag);
-  const uint4 hi = make_uint4(data.z, flag, data.w, flag);
   for (int step = 1; step < a.world; ++step) {
     const int peer = (a.rank + step) % a.world;
-    auto* dst = reinterpret_cast<LLPacket*>(LLHalf(a, peer, parity) + region +
-                                            a.rank * slot_bytes) + packet;
-    StoreVolatile16(dst, lo);
-    StoreVolatile16(dst + 1, hi);
+    WritePacketPair(PacketSlot(a, peer, parity, slot_bytes, a.rank, region) + packet, data, flag);
   }
 }
 
-// The 16 data bytes of LL packets p[0], p[1]; zeros and ok=false if the
-// wait is given up.
-__device__ __forceinline__ uint4 ReadPacketPair(const LLPacket* p, uint32_t flag, Waiter& waiter,
-                                                int peer, bool& ok) {
-  if (!ok) return make_uint4(0, 0, 0, 0);
-  uint4 lo = LoadVolatile16(p);
-  uint4 hi = LoadVolatile16(p + 1);
-  while (lo.y != flag || lo.w != flag) {
-    if (!waiter.KeepWaiting(peer)) {
-      ok = false;
-      return make_uint4(0, 0, 0, 0);
-    }
-    lo = LoadVolatile16(p);
-  }
-  while (hi.y != flag || hi.w != flag) {
-    if (!waiter.KeepWaiting(peer)) {
-      ok = false;
-      return make_uint4(0, 0, 0, 0);
-    }
-    hi = LoadVolatile16(p + 1);
-  }
-  return make_uint4(lo.x, lo.z, hi.x, hi.z);
-}
+// Ranks whose packets one round of reads has in flight at once.
+inline constexpr int kRanksInFlight = 8;
 
-// Rank `sender`'s 16 bytes at packet pair `packet` of this launch, as one-shot
-// reduces them: `mine` for this rank, else its LL packets in this rank's LL
-// half (waited for; zeros and ok=false if the wait is given up).
-__device__ __forceinline__ uint4 PacketPairFrom(const ProtocolArgs& a, int sender, uint4 mine,
-                                                int parity, uint64_t slot_bytes, uint64_t packet,
-                                                uint32_t flag, Waiter& waiter, bool& ok) {
-  if (sender == a.rank) return mine;
-  return ReadPacketPair(PacketSlot(a, a.rank, parity, slot_bytes, sender) + packet, flag, waiter,
-                        sender, ok);
-}
-
-// Every peer's 16 bytes at packet pair `packet` of its slot in this rank's
-// LL half (`base` = that half, `slot_bytes` apart). The first round issues
-// every peer's loads before checking any, so data that has arrived costs one
-// round trip, not one per peer; then the thread spins on one missing packet
-// at a time (one load in flight, as a plain LL reader: polling every peer at
-// once flooded the memory system while 8 ranks waited, 182 us instead of 60
-// at 256 KB) and looks at the others again once that one is in. got[s] receives rank
-// s's data (got[rank] is left alone). With `header_peer` >= 0 the thread
-// also awaits that peer's call header and compares it with this launch's
-// signature. False if a wait was given up or the headers differ (the rank is
-// then aborted). kMaxWorld bounds the world size; arrays of it stay in
-// registers because every index is a compile-time constant.
-template <int kMaxWorld>
-__device__ __forceinline__ bool AwaitPeerPackets(const ProtocolArgs& a, const std::byte* base,
-                                                 uint64_t slot_bytes, uint64_t packet,
-                                                 uint32_t flag, Waiter& waiter, int header_peer,
-                                                 uint4 (&got)[kMaxWorld]) {
-  uint4 hi[kMaxWorld];
+// The 16-byte vectors of ranks [base, base + kRanksInFlight) at packet pair
+// `packet` of their slots in `half` (this rank's LL half of this launch,
+// plus a region): got[j] = rank base + j's, `mine` for this rank's; entries
+// of ranks >= world are left alone. The reads of every peer go out
+// together, so data that has arrived costs one round trip for all of them,
+// not one per peer. A packet that has not arrived is then awaited alone
+// (one load in flight: polling every peer at once flooded the memory
+// system while 8 ranks waited, 182 us instead of 60 at 256 KB), and once it
+// is in, the peers still missing are read again together. Every index into
+// the register arrays is a compile-time constant (a rank chosen at run time
+// is matched by predicated moves), so they stay in registers, and the one
+// spin loop is written once. False if a wait was given up (the rank is
+// then aborted).
+__device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacket* half,
+                                            uint64_t slot_bytes, uint64_t packet, uint32_t flag,
+                                            Waiter& waiter, int base, uint4 mine,
+                                            uint4 (&got)[kRanksInFlight]) {
+  const uint64_t slot_packets = slot_bytes / sizeof(LLPacket);
+  const auto pair_of = [&](int s) { return half + s * slot_packets + packet; };
+  const bool one_by_one = (a.experiment & kExpSequentialWait) != 0;
+  PacketRead lo[kRanksInFlight] = {}, hi[kRanksInFlight] = {};  // zero: never fresh
   uint32_t pending = 0;
 #pragma unroll
-  for (int s = 0; s < kMaxWorld; ++s) {
+  for (int j = 0; j < kRanksInFlight; ++j) {
+    const int s = base + j;
     if (s < a.world && s != a.rank) {
-      const auto* p = reinterpret_cast<const LLPacket*>(base + s * slot_bytes) + packet;
-      got[s] = LoadVolatile16(p);
-      hi[s] = LoadVolatile16(p + 1);
-      pending |= 1u << s;
+      if (!one_by_one) {
+        lo[j] = ReadPacket(pair_of(s));
+        hi[j] = ReadPacket(pair_of(s) + 1);
+      }
+      pending |= 1u << j;
     }
   }
-  const LLPacket* header =
-      header_peer >= 0 ? &ControlOf(a.workspaces[a.rank])->headers[waiter.launch() & 1][header_peer]
-                       : nullptr;
-  uint4 h = header != nullptr ? LoadVolatile16(header) : make_uint4(0, 0, 0, 0);
   while (true) {
 #pragma unroll
-    for (int s = 0; s < kMaxWorld; ++s) {
-      if (((pending >> s) & 1u) && got[s].y == flag && got[s].w == flag && hi[s].y == flag &&
-          hi[s].w == flag) {
-        pending &= ~(1u << s);
-        got[s] = make_uint4(got[s].x, got[s].z, hi[s].x, hi[s].z);
-      }
+    for (int j = 0; j < kRanksInFlight; ++j) {
+      if (((pending >> j) & 1u) && lo[j].Fresh(flag) && hi[j].Fresh(flag)) pending &= ~(1u << j);
     }
-    if (header != nullptr && h.y == flag && h.w == flag) {
-      const uint64_t theirs = (static_cast<uint64_t>(h.z) << 32) | h.x;
-      if (theirs != a.signature) {
-        Abort(a, EncodeAbort(kMismatch, a.rank, header_peer, a.operation,
-                             static_cast<Operation>(SignatureOperation(theirs))),
-              waiter.launch());
-        return false;
-      }
-      header = nullptr;
-    }
-    if (pending == 0 && header == nullptr) return true;
-    // Spin on the first missing packet pair (or the header) alone, one
-    // load in flight: its first packet, then its second.
-    if (pending != 0) {
-      const int s = __ffs(pending) - 1;
-      const auto* p = reinterpret_cast<const LLPacket*>(base + s * slot_bytes) + packet;
-      for (int half = 0; half < 2; ++half) {
-        uint4 v = LoadVolatile16(p + half);
-        while (v.y != flag || v.w != flag) {
-          if (!waiter.KeepWaiting(s)) return false;
-          v = LoadVolatile16(p + half);
-        }
-      }
-    } else {
-      while (h.y != flag || h.w != flag) {
-        if (!waiter.KeepWaiting(header_peer)) return false;
-        h = LoadVolatile16(header);
-      }
-      continue;
-    }
-    // One more round over everything still missing (the spun-on pair too).
+    if (pending == 0) break;
+    // The first missing rank alone, until its pair is in.
+    const int first = __ffs(pending) - 1;
+    PacketRead l{}, h{};
 #pragma unroll
-    for (int s = 0; s < kMaxWorld; ++s) {
-      if ((pending >> s) & 1u) {
-        const auto* p = reinterpret_cast<const LLPacket*>(base + s * slot_bytes) + packet;
-        got[s] = LoadVolatile16(p);
-        hi[s] = LoadVolatile16(p + 1);
+    for (int j = 0; j < kRanksInFlight; ++j) {
+      if (j == first) l = lo[j], h = hi[j];
+    }
+    const LLPacket* p = pair_of(base + first);
+    const auto keep_waiting = [&] { return waiter.KeepWaiting(base + first); };
+    if (!AwaitPacket(p, flag, l, keep_waiting) || !AwaitPacket(p + 1, flag, h, keep_waiting)) {
+      return false;
+    }
+    // Then every rank still missing, read again together (A/B variant: none;
+    // each is awaited in its turn).
+#pragma unroll
+    for (int j = 0; j < kRanksInFlight; ++j) {
+      if (j == first) {
+        lo[j] = l, hi[j] = h;
+      } else if (((pending >> j) & 1u) && !one_by_one) {
+        lo[j] = ReadPacket(pair_of(base + j));
+        hi[j] = ReadPacket(pair_of(base + j) + 1);
       }
     }
-    if (header != nullptr) h = LoadVolatile16(header);
   }
+#pragma unroll
+  for (int j = 0; j < kRanksInFlight; ++j) {
+    const int s = base + j;
+    if (s == a.rank) {
+      got[j] = mine;
+    } else if (s < a.world) {
+      got[j] = PairData(lo[j], hi[j]);
+    }
+  }
+  return true;
+}
+
+// Every rank's 16-byte vector at packet pair `packet` (GatherRanks), handed
+// to take(base, got, count) a batch of kRanksInFlight ranks at a time, in
+// rank order: got[j] is rank base + j's, j < count.
+template <typename TakeBatch>
+__device__ __forceinline__ bool TakeInRankOrder(const ProtocolArgs& a, const LLPacket* half,
+                                                uint64_t slot_bytes, uint64_t packet,
+                                                uint32_t flag, Waiter& waiter, uint4 mine,
+                                                TakeBatch&& take) {
+  for (int base = 0; base < a.world; base += kRanksInFlight) {
+    uint4 got[kRanksInFlight];
+    if (!GatherRanks(a, half, slot_bytes, packet, flag, waiter, base, mine, got)) return false;
+    take(base, got, min(kRanksInFlight, a.world - base));
+  }
+  return true;
 }
 
 }  // namespace jax_ar::gpu

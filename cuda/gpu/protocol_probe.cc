@@ -19,7 +19,7 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
                                 int64_t comm_id,                   // Communicator.comm_id
                                 int32_t stage) {                   // ProbeStage
   if (stage < static_cast<int32_t>(ProbeStage::kEmpty) ||
-      stage > static_cast<int32_t>(ProbeStage::kTwoShotPlain)) {
+      stage > static_cast<int32_t>(ProbeStage::kLastStage)) {
     return InvalidArgument("protocol_probe: unknown stage " + std::to_string(stage));
   }
   ffi::Error error = ffi::Error::Success();
@@ -34,6 +34,17 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL);
     case ProbeStage::kTwoShotPlain:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotPlain);
+    case ProbeStage::kOneShotSequential:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, kExpSequentialWait);
+    case ProbeStage::kOneShotPdl:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, kExpPdl);
+    case ProbeStage::kOneShot128:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 128);
+    case ProbeStage::kOneShot512:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 512);
+    case ProbeStage::kTwoShotLLSequential:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL,
+                         kExpSequentialWait);
     default:
       break;
   }

@@ -15,16 +15,14 @@ __global__ void __launch_bounds__(32) StageKernel(const __grid_constant__ Protoc
   const LaunchContext ctx = BeginLaunch(a);
   if (!ctx.live) return;
   Waiter waiter(a, ctx.launch);
-  if constexpr (kStage >= ProbeStage::kHeader) SendHeader(a, ctx.launch);
+  if constexpr (kStage >= ProbeStage::kHeader) SendHeader(a, ctx);
   if constexpr (kStage >= ProbeStage::kPacket) {
     // Thread 0 sends one packet pair to every peer and awaits theirs; the
     // data half is the one-shot's, slots of 32 bytes.
     if (threadIdx.x == 0) {
-      const int parity = static_cast<int>(ctx.launch & 1);
-      const uint32_t flag = LaunchFlag(ctx.launch);
-      SendPacketPair(a, parity, 32, 0, make_uint4(1, 2, 3, 4), flag);
-      uint4 got[kMaxRanks];
-      AwaitPeerPackets(a, LLHalf(a, a.rank, parity), 32, 0, flag, waiter, -1, got);
+      SendPacketPair(a, ctx.parity, 32, 0, make_uint4(1, 2, 3, 4), ctx.flag);
+      TakeInRankOrder(a, PacketSlot(a, a.rank, ctx.parity, 32, 0), 32, 0, ctx.flag, waiter,
+                      make_uint4(0, 0, 0, 0), [](int, const auto&, int) {});
     }
   }
   if constexpr (kStage >= ProbeStage::kHeader) CheckHeader(a, waiter);

@@ -20,6 +20,13 @@ enum class ProbeStage : int32_t {
   kOneShot = 4,       // the one-shot all-reduce
   kTwoShotLL = 5,     // the two-shot all-reduce over LL packets
   kTwoShotPlain = 6,  // the two-shot all-reduce over plain data and flags
+  // A/B variants of the kernels (layout.h kExp*):
+  kOneShotSequential = 7,   // one-shot awaiting one peer at a time
+  kOneShotPdl = 8,          // one-shot launched with programmatic stream serialization
+  kOneShot128 = 9,          // one-shot in blocks of 128 threads
+  kOneShot512 = 10,         // one-shot in blocks of 512 threads
+  kTwoShotLLSequential = 11,  // LL two-shot awaiting one peer at a time
+  kLastStage = kTwoShotLLSequential,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

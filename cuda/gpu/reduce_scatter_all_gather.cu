@@ -95,13 +95,9 @@ __device__ __forceinline__ BlockRange VectorsOfBlock(const ChunkLaunchArgs& a) {
 
 __global__ void __launch_bounds__(kChunkThreads)
     ReduceScatterKernel(const __grid_constant__ ChunkLaunchArgs a) {
-  const LaunchContext ctx = BeginLaunch(a);
-  if (!ctx.live) {
-    FillOnes(a.out + a.offset, a.bytes);
-    return;
-  }
-  SendHeader(a, ctx.launch);
-  const int parity = static_cast<int>(ctx.launch & 1);
+  LaunchContext ctx;
+  if (!StartLaunch(a, ctx, [&] { FillOnes(a.out + a.offset, a.bytes); })) return;
+  const int parity = ctx.parity;
   Waiter waiter(a, ctx.launch);
   const BlockRange range = VectorsOfBlock(a);
 
@@ -121,13 +117,11 @@ __global__ void __launch_bounds__(kChunkThreads)
     for (uint64_t v = range.begin + threadIdx.x; v < range.end; v += blockDim.x) {
       const uint64_t valid = ValidBytes(a, v);
       const uint4 mine = LoadPart(own + 16 * v, valid);
-      uint4 result;
-      DispatchDtype(a.dtype, [&](auto tag) {
-        result = ReduceVector<decltype(tag)::kDtype>(a.op, a.world, [&](int s) {
-          if (s == a.rank) return mine;
-          return LoadShared16(ChunkSlot(a, a.rank, parity, s) + 16 * v);
-        });
-      });
+      VectorAccumulator sum(a.dtype, a.op);
+      for (int s = 0; s < a.world; ++s) {
+        sum.Add(s, s == a.rank ? mine : LoadShared16(ChunkSlot(a, a.rank, parity, s) + 16 * v));
+      }
+      const uint4 result = sum.Result(a.world);
       StorePart(a.out + a.offset + 16 * v, result, valid);
     }
     CheckHeader(a, waiter);
@@ -137,15 +131,14 @@ __global__ void __launch_bounds__(kChunkThreads)
 
 __global__ void __launch_bounds__(kChunkThreads)
     AllGatherKernel(const __grid_constant__ ChunkLaunchArgs a) {
-  const LaunchContext ctx = BeginLaunch(a);
-  if (!ctx.live) {
+  LaunchContext ctx;
+  const auto fill_outputs = [&] {
     for (int s = 0; s < a.world; ++s) {
       FillOnes(a.out + static_cast<uint64_t>(s) * a.chunk_bytes + a.offset, a.bytes);
     }
-    return;
-  }
-  SendHeader(a, ctx.launch);
-  const int parity = static_cast<int>(ctx.launch & 1);
+  };
+  if (!StartLaunch(a, ctx, fill_outputs)) return;
+  const int parity = ctx.parity;
   Waiter waiter(a, ctx.launch);
   const BlockRange range = VectorsOfBlock(a);
 

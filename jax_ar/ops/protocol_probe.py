@@ -16,7 +16,9 @@ from ._primitive import collective_primitive, fallback_reason
 
 __all__ = ["STAGES", "protocol_probe"]
 
-STAGES = ("empty", "launch", "header", "packet", "oneshot", "twoshot_ll", "twoshot_plain")
+STAGES = ("empty", "launch", "header", "packet", "oneshot", "twoshot_ll", "twoshot_plain",
+          "oneshot_sequential", "oneshot_pdl", "oneshot_t128", "oneshot_t512",
+          "twoshot_ll_sequential")
 
 
 def _ffi_attributes(*, comm_id, stage, **_):

@@ -1,0 +1,196 @@
+// The row of the fused all-reduce + residual add + RMSNorm kernels
+// (all_reduce_rms_norm_kernels.cu), after the sum over ranks: bias,
+// post-norm, residual add and norm of one row held by a group of threads,
+// and the stores of its outputs (FP8 included).
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/launch_protocol.cuh"
+#include "gpu/norm_lanes.cuh"
+#include "gpu/numeric.cuh"
+#include "gpu/row_norm.cuh"
+#include "gpu/row_plan.h"
+
+namespace jax_ar::gpu {
+
+inline constexpr float kE4m3Max = 448.0f;
+
+// float32 -> float8_e4m3fn, saturating to +-448, round to nearest even, NaN
+// to NaN; bit for bit the CPU's FloatToE4m3fnSaturated.
+__device__ __forceinline__ uint32_t FloatToE4m3fnSaturated(float f) {
+  const uint32_t sign = (__float_as_uint(f) >> 24) & 0x80u;
+  if (IsNan(f)) return sign | 0x7fu;
+  const float a = fabsf(f);
+  if (a >= kE4m3Max) return sign | 0x7eu;
+  if (a < 0.015625f) {  // subnormal: units of 2^-9 (exact scaling, round to even)
+    return sign | static_cast<uint32_t>(__float2int_rn(__fmul_rn(a, 512.0f)));
+  }
+  uint32_t u = __float_as_uint(a);
+  u += 0x7ffffu + ((u >> 20) & 1u);  // a carry moves the exponent up
+  return sign | ((((u >> 23) - 127u + 7u) << 3) | ((u >> 20) & 7u));
+}
+
+// Bytes of one row's out per 16-byte vector of x: 16, or lanes with FP8.
+template <Dtype D>
+__device__ __forceinline__ int OutVectorBytes(const RmsNormLaunchArgs& a) {
+  return a.quantize ? Vec<D>::kLanes : 16;
+}
+
+// Stores the normalized lanes `y` of vector `vector` of a row at `dst`.
+template <Dtype D>
+__device__ __forceinline__ void StoreOut(const RmsNormLaunchArgs& a, float scale, const float* y,
+                                         std::byte* dst) {
+  using V = Vec<D>;
+  if (!a.quantize) {
+    Store16(dst, V::Pack(y));
+    return;
+  }
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < V::kLanes; ++j) {
+    w[j / 4] |= FloatToE4m3fnSaturated(__fdiv_rn(y[j], scale)) << (8 * (j % 4));
+  }
+  if constexpr (V::kLanes == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = w[0];
+  }
+}
+
+template <Dtype R>
+__device__ __forceinline__ int DtypeSize() {
+  return R == Dtype::kF32 ? 4 : 2;
+}
+
+template <Dtype D, Dtype R>
+__device__ __forceinline__ void FillRmsNormOutputs(const RmsNormLaunchArgs& a) {
+  const uint64_t elements =
+      static_cast<uint64_t>(a.rows) * a.row_vectors * Vec<D>::kLanes;
+  FillBytes(a.residual_out, elements * DtypeSize<R>());
+  FillBytes(a.out, elements * (a.quantize ? 1 : DtypeSize<D>()));
+}
+
+__device__ __forceinline__ const std::byte* RowOf(const void* base, int64_t row, uint64_t bytes) {
+  return static_cast<const std::byte*>(base) + row * bytes;
+}
+__device__ __forceinline__ std::byte* RowOf(void* base, int64_t row, uint64_t bytes) {
+  return static_cast<std::byte*>(base) + row * bytes;
+}
+
+// Bytes of one row of the residual (and residual_out).
+template <Dtype D, Dtype R>
+__device__ __forceinline__ uint64_t ResidualRowBytes(const RmsNormLaunchArgs& a) {
+  return static_cast<uint64_t>(a.row_vectors) * ResidualLanes<D, R>::kBytes;
+}
+
+// Row `group` of a [groups, hidden] scale vector.
+__device__ __forceinline__ const float* GroupRow(const float* vectors, int group, int hidden) {
+  return vectors + static_cast<size_t>(group) * hidden;
+}
+
+// t += bias (lanes of vector i of this row's group), when there is a bias.
+template <int kLanes>
+__device__ __forceinline__ void AddBias(const RmsNormLaunchArgs& a, int group, int hidden, int i,
+                                        float* t) {
+  if (a.bias == nullptr) return;
+  float b[kLanes];
+  LoadFloatLanes<kLanes>(GroupRow(a.bias, group, hidden), i, b);
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], b[j]);
+}
+
+// The norm of the row this thread works on, after the sum over ranks: for
+// each of its vectors i of row `row` (when `active`), reduce(k, i, t) puts
+// the float32 sum over ranks of vector i (the k-th of this thread) in t;
+// the bias is added, the post-norm applied, the residual added, and the
+// residual_out words (R rounded) go to emit_residual(i, words); the
+// normalized lanes go to emit_out(i, y). Every thread of the block must call
+// it together (RowInverseRms synchronizes).
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors, typename Reduce, typename EmitResidual,
+          typename EmitOut>
+__device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
+                                                    bool active, double* partials, Reduce&& reduce,
+                                                    EmitResidual&& emit_residual,
+                                                    EmitOut&& emit_out) {
+  using RL = ResidualLanes<D, R>;
+  constexpr int kLanes = Vec<D>::kLanes;
+  const int tpr = a.threads_per_row;
+  const int lane = threadIdx.x % tpr;
+  const int hidden = a.row_vectors * kLanes;
+  // This row's group: its row of gamma, post_gamma and bias. One group
+  // unless vmap stacked several, and then no division (the kernel runs at
+  // its register limit: a 32-bit division, kept out of the common path; a
+  // call's rows fit 32 bits, the handler checks).
+  const int group =
+      a.groups > 1 && active
+          ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
+                             static_cast<uint32_t>(a.rows_per_group))
+          : 0;
+  // Rows are kept as the stored residual stream in between (half the
+  // registers of float lanes for 16-bit types when R is x's type).
+  uint4 stored[kVectors][RL::kWords];
+  double sum_of_squares = 0.0;
+  const auto add_residual = [&](int k, int i, float* t) {
+    uint4 words[RL::kWords];
+    float r[kLanes];
+    RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, words);
+    RL::Unpack(words, r);
+#pragma unroll
+    for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], r[j]);
+    RL::Pack(t, stored[k]);
+    RL::Unpack(stored[k], r);  // the norm reads what residual_out holds
+    AddSquares<kLanes>(r, sum_of_squares);
+    emit_residual(i, stored[k]);
+  };
+  if constexpr (kPostNorm) {
+    float t[kVectors][kLanes];
+    double post_sum_of_squares = 0.0;
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (!active || i >= a.row_vectors) continue;
+      reduce(k, i, t[k]);
+      AddBias<kLanes>(a, group, hidden, i, t[k]);
+      AddSquares<kLanes>(t[k], post_sum_of_squares);
+    }
+    const float post_inv_rms = RowInverseRms</*kPartialsReused=*/true>(
+        post_sum_of_squares, hidden, a.eps, tpr, lane, threadIdx.x / tpr, partials);
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (!active || i >= a.row_vectors) continue;
+      float g[kLanes];
+      LoadFloatLanes<kLanes>(GroupRow(a.post_gamma, group, hidden), i, g);
+#pragma unroll
+      for (int j = 0; j < kLanes; ++j) t[k][j] = __fmul_rn(__fmul_rn(t[k][j], post_inv_rms), g[j]);
+      add_residual(k, i, t[k]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (!active || i >= a.row_vectors) continue;
+      float t[kLanes];
+      reduce(k, i, t);
+      AddBias<kLanes>(a, group, hidden, i, t);
+      add_residual(k, i, t);
+    }
+  }
+  // Blocks loop over rows: partials are written again by the next row.
+  const float inv_rms = RowInverseRms</*kPartialsReused=*/true>(
+      sum_of_squares, hidden, a.eps, tpr, lane, threadIdx.x / tpr, partials);
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) {
+    const int i = lane + k * tpr;
+    if (!active || i >= a.row_vectors) continue;
+    float v[kLanes], g[kLanes], y[kLanes];
+    RL::Unpack(stored[k], v);
+    LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, g);
+#pragma unroll
+    for (int j = 0; j < kLanes; ++j) y[j] = __fmul_rn(__fmul_rn(v[j], inv_rms), g[j]);
+    emit_out(i, y);
+  }
+}
+
+}  // namespace jax_ar::gpu
