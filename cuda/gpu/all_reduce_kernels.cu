@@ -85,7 +85,7 @@ __device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const Launch
 }
 
 template <int kSegments>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(kOneShotThreads, 2)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(512)
     const uint4 mine = v == first ? first_input : LoadPacked(a, 16 * v, hint);
     VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
     ok = TakeInRankOrder(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                         [&](int base, const auto& got, int count) { sum.Add(base, got, count); });
+                         [&](const RankBatch<>& batch) { sum.Add(batch); });
     if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
   }
   if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
     const uint4 mine = LoadPacked(a, mine_at, hint);
     VectorAccumulator sum(DtypeAt(a, mine_at, hint), a.op);
     ok = TakeInRankOrder(a, parts, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                         [&](int base, const auto& got, int count) { sum.Add(base, got, count); });
+                         [&](const RankBatch<>& batch) { sum.Add(batch); });
     if (!ok) break;
     const uint4 reduced = sum.Result(a.world);
     StorePacked(a, mine_at, reduced, hint);
@@ -174,10 +174,11 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     ok = TakeInRankOrder(
         a, reduced, a.slot_bytes, 2 * v, ctx.flag, waiter, make_uint4(0, 0, 0, 0),
-        [&](int base, const uint4 (&got)[kRanksInFlight], int count) {
+        [&](const RankBatch<>& batch) {
 #pragma unroll
           for (int j = 0; j < kRanksInFlight; ++j) {
-            if (j < count && base + j != a.rank) StorePacked(a, (base + j) * chunk + 16 * v, got[j], hint);
+            const int s = batch.base + j;
+            if (j < batch.count && s != a.rank) StorePacked(a, s * chunk + 16 * v, batch.Data(j), hint);
           }
         });
   }

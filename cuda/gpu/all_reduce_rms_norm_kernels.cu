@@ -33,6 +33,10 @@
 namespace jax_ar::gpu {
 namespace {
 
+// Peers' packets of a row vector in flight at once (packets.cuh): blocks of
+// up to 1024 threads leave 64 registers a thread.
+constexpr int kFusedRanksInFlight = 2;
+
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
@@ -85,14 +89,15 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) OneShotRmsNormKernel(
           float next[kLanes];
 #pragma unroll
           for (int j = 0; j < kLanes; ++j) acc[j] = 0.0f;
-          ok = ok && TakeInRankOrder(
+          ok = ok && TakeInRankOrder<kFusedRanksInFlight>(
                          a, half, a.slot_bytes, packet, flag, waiter, mine[k],
-                         [&](int base, const uint4 (&got)[kRanksInFlight], int count) {
+                         [&](const RankBatch<kFusedRanksInFlight>& batch) {
 #pragma unroll
-                           for (int r = 0; r < kRanksInFlight; ++r) {
-                             if (r >= count) break;
-                             Vec<D>::Unpack(got[r], base + r == 0 ? acc : next);
-                             if (base + r == 0) continue;
+                           for (int r = 0; r < kFusedRanksInFlight; ++r) {
+                             if (r >= batch.count) break;
+                             const bool first = batch.base + r == 0;
+                             Vec<D>::Unpack(batch.Data(r), first ? acc : next);
+                             if (first) continue;
 #pragma unroll
                              for (int j = 0; j < kLanes; ++j) acc[j] = __fadd_rn(acc[j], next[j]);
                            }

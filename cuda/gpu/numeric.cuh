@@ -58,6 +58,15 @@ __device__ __forceinline__ void AccumulateVector(int op, int world, Source&& sou
   }
 }
 
+// One rank's vector as a batch of one (VectorAccumulator::Add).
+struct OneVector {
+  static constexpr int kSize = 1;
+  uint4 v;
+  int base;
+  int count;
+  __device__ __forceinline__ uint4 Data(int) const { return v; }
+};
+
 // The reduction of one 16-byte vector over the ranks, its element type
 // chosen at run time: the dispatch wraps the arithmetic of each step only,
 // never a wait, so a kernel that awaits every rank's vector holds one copy
@@ -67,10 +76,10 @@ class VectorAccumulator {
  public:
   __device__ VectorAccumulator(Dtype dtype, int op) : dtype_(dtype), op_(op) {}
 
-  // Adds the vectors v[0], .., v[count - 1] (ranks base .., in rank order;
-  // base 0 starts the sum).
-  template <int N>
-  __device__ __forceinline__ void Add(int base, const uint4 (&v)[N], int count) {
+  // Adds batch.Data(j) for j < batch.count (ranks batch.base + j, in rank
+  // order; rank 0 starts the sum). Batch: packets.cuh RankBatch.
+  template <typename Batch>
+  __device__ __forceinline__ void Add(const Batch& batch) {
     DispatchDtype(dtype_, [&](auto tag) {
       using V = Vec<decltype(tag)::kDtype>;
       using Acc = typename V::Acc;
@@ -78,12 +87,12 @@ class VectorAccumulator {
 #pragma unroll
       for (int i = 0; i < V::kLanes; ++i) acc[i] = FromBits<Acc>(lanes_[i]);
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        if (j >= count) break;
-        V::Unpack(v[j], x);
+      for (int j = 0; j < Batch::kSize; ++j) {
+        if (j >= batch.count) break;
+        V::Unpack(batch.Data(j), x);
 #pragma unroll
         for (int i = 0; i < V::kLanes; ++i) {
-          acc[i] = base == 0 && j == 0 ? x[i] : Combine(op_, acc[i], x[i]);
+          acc[i] = batch.base == 0 && j == 0 ? x[i] : Combine(op_, acc[i], x[i]);
         }
       }
 #pragma unroll
@@ -92,10 +101,7 @@ class VectorAccumulator {
   }
 
   // Adds rank s's vector (ranks in order; rank 0 starts the sum).
-  __device__ __forceinline__ void Add(int s, uint4 v) {
-    const uint4 one[1] = {v};
-    Add(s, one, 1);
-  }
+  __device__ __forceinline__ void Add(int s, uint4 v) { Add(OneVector{v, s, 1}); }
 
   // Rounded once to the element type; avg divides the float32 sum once
   // (int32 "avg" never reaches a kernel: jax_ar sums integers and divides

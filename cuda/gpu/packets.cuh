@@ -30,96 +30,111 @@ __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity
   }
 }
 
-// Ranks whose packets one round of reads has in flight at once.
+// Ranks whose packets one round of reads has in flight at once: 8 in the
+// all-reduce kernels (every peer of an 8-GPU node in one round trip; about
+// 130 registers a thread), fewer where registers are short (the fused
+// kernel's blocks of up to 1024 threads).
 inline constexpr int kRanksInFlight = 8;
 
-// The 16-byte vectors of ranks [base, base + kRanksInFlight) at packet pair
-// `packet` of their slots in `half` (this rank's LL half of this launch,
-// plus a region): got[j] = rank base + j's, `mine` for this rank's; entries
-// of ranks >= world are left alone. The reads of every peer go out
-// together, so data that has arrived costs one round trip for all of them,
-// not one per peer. A packet that has not arrived is then awaited alone
-// (one load in flight: polling every peer at once flooded the memory
-// system while 8 ranks waited, 182 us instead of 60 at 256 KB), and once it
-// is in, the peers still missing are read again together. Every index into
-// the register arrays is a compile-time constant (a rank chosen at run time
-// is matched by predicated moves), so they stay in registers, and the one
-// spin loop is written once. False if a wait was given up (the rank is
-// then aborted).
+// The vectors of ranks [base, base + kSize) at one place of their slots, as
+// GatherRanks leaves them: Data(j) is rank base + j's 16 bytes (j < count).
+template <int kWidth = kRanksInFlight>
+struct RankBatch {
+  static constexpr int kSize = kWidth;
+  uint4 data[kWidth];
+  int base;
+  int count;
+  __device__ __forceinline__ uint4 Data(int j) const { return data[j]; }
+};
+
+// Reads the packet pair of every rank of `pending` (bit j: rank base + j)
+// at once, and moves the data of those that are of this launch into
+// b.data, clearing their bits. The raw packets live only here, so what the
+// caller holds while it waits is the data alone (registers: 8 in flight).
+template <int kWidth, typename PairOf>
+__device__ __forceinline__ void ReadPending(PairOf&& pair_of, uint32_t flag, uint32_t& pending,
+                                            RankBatch<kWidth>& b) {
+  PacketRead lo[kWidth], hi[kWidth];
+#pragma unroll
+  for (int j = 0; j < kWidth; ++j) {
+    if ((pending >> j) & 1u) {
+      lo[j] = ReadPacket(pair_of(b.base + j));
+      hi[j] = ReadPacket(pair_of(b.base + j) + 1);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kWidth; ++j) {
+    if (((pending >> j) & 1u) && lo[j].Fresh(flag) && hi[j].Fresh(flag)) {
+      b.data[j] = PairData(lo[j], hi[j]);
+      pending &= ~(1u << j);
+    }
+  }
+}
+
+// Fills `b` with the vectors of ranks [b.base, b.base + kRanksInFlight) at
+// packet pair `packet` of their slots in `half` (this rank's LL half of this
+// launch, plus a region), `mine` standing for this rank's own. The reads of
+// every peer go out together, so data that has arrived costs one round
+// trip for all of them, not one per peer. A packet that has not arrived is
+// then awaited alone (one load in flight: polling every peer at once
+// flooded the memory system while 8 ranks waited, 182 us instead of 60 at
+// 256 KB), and once it is in, the peers still missing are read again
+// together. Every index into the batch is a compile-time constant (the rank
+// awaited alone is matched by predicated moves), so it stays in registers,
+// and the one spin loop is written once. False if a wait was given up (the
+// rank is then aborted).
+template <int kWidth>
 __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacket* half,
                                             uint64_t slot_bytes, uint64_t packet, uint32_t flag,
-                                            Waiter& waiter, int base, uint4 mine,
-                                            uint4 (&got)[kRanksInFlight]) {
+                                            Waiter& waiter, uint4 mine, RankBatch<kWidth>& b) {
   const uint64_t slot_packets = slot_bytes / sizeof(LLPacket);
   const auto pair_of = [&](int s) { return half + s * slot_packets + packet; };
   const bool one_by_one = (a.experiment & kExpSequentialWait) != 0;
-  PacketRead lo[kRanksInFlight] = {}, hi[kRanksInFlight] = {};  // zero: never fresh
+  b.count = min(kWidth, a.world - b.base);
   uint32_t pending = 0;
 #pragma unroll
-  for (int j = 0; j < kRanksInFlight; ++j) {
-    const int s = base + j;
-    if (s < a.world && s != a.rank) {
-      if (!one_by_one) {
-        lo[j] = ReadPacket(pair_of(s));
-        hi[j] = ReadPacket(pair_of(s) + 1);
-      }
+  for (int j = 0; j < kWidth; ++j) {
+    const int s = b.base + j;
+    if (s == a.rank) {
+      b.data[j] = mine;
+    } else if (s < a.world) {
       pending |= 1u << j;
     }
   }
-  while (true) {
-#pragma unroll
-    for (int j = 0; j < kRanksInFlight; ++j) {
-      if (((pending >> j) & 1u) && lo[j].Fresh(flag) && hi[j].Fresh(flag)) pending &= ~(1u << j);
-    }
-    if (pending == 0) break;
+  if (!one_by_one) ReadPending(pair_of, flag, pending, b);
+  while (pending != 0) {
     // The first missing rank alone, until its pair is in.
     const int first = __ffs(pending) - 1;
-    PacketRead l{}, h{};
-#pragma unroll
-    for (int j = 0; j < kRanksInFlight; ++j) {
-      if (j == first) l = lo[j], h = hi[j];
-    }
-    const LLPacket* p = pair_of(base + first);
-    const auto keep_waiting = [&] { return waiter.KeepWaiting(base + first); };
-    if (!AwaitPacket(p, flag, l, keep_waiting) || !AwaitPacket(p + 1, flag, h, keep_waiting)) {
+    const LLPacket* p = pair_of(b.base + first);
+    PacketRead lo = ReadPacket(p), hi = ReadPacket(p + 1);
+    const auto keep_waiting = [&] { return waiter.KeepWaiting(b.base + first); };
+    if (!AwaitPacket(p, flag, lo, keep_waiting) || !AwaitPacket(p + 1, flag, hi, keep_waiting)) {
       return false;
     }
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      if (j == first) b.data[j] = PairData(lo, hi);
+    }
+    pending &= pending - 1;
     // Then every rank still missing, read again together (A/B variant: none;
     // each is awaited in its turn).
-#pragma unroll
-    for (int j = 0; j < kRanksInFlight; ++j) {
-      if (j == first) {
-        lo[j] = l, hi[j] = h;
-      } else if (((pending >> j) & 1u) && !one_by_one) {
-        lo[j] = ReadPacket(pair_of(base + j));
-        hi[j] = ReadPacket(pair_of(base + j) + 1);
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kRanksInFlight; ++j) {
-    const int s = base + j;
-    if (s == a.rank) {
-      got[j] = mine;
-    } else if (s < a.world) {
-      got[j] = PairData(lo[j], hi[j]);
-    }
+    if (pending != 0 && !one_by_one) ReadPending(pair_of, flag, pending, b);
   }
   return true;
 }
 
 // Every rank's 16-byte vector at packet pair `packet` (GatherRanks), handed
-// to take(base, got, count) a batch of kRanksInFlight ranks at a time, in
-// rank order: got[j] is rank base + j's, j < count.
-template <typename TakeBatch>
+// to take(batch) kWidth ranks at a time, in rank order.
+template <int kWidth = kRanksInFlight, typename TakeBatch>
 __device__ __forceinline__ bool TakeInRankOrder(const ProtocolArgs& a, const LLPacket* half,
                                                 uint64_t slot_bytes, uint64_t packet,
                                                 uint32_t flag, Waiter& waiter, uint4 mine,
                                                 TakeBatch&& take) {
-  for (int base = 0; base < a.world; base += kRanksInFlight) {
-    uint4 got[kRanksInFlight];
-    if (!GatherRanks(a, half, slot_bytes, packet, flag, waiter, base, mine, got)) return false;
-    take(base, got, min(kRanksInFlight, a.world - base));
+  for (int base = 0; base < a.world; base += kWidth) {
+    RankBatch<kWidth> batch;
+    batch.base = base;
+    if (!GatherRanks(a, half, slot_bytes, packet, flag, waiter, mine, batch)) return false;
+    take(static_cast<const RankBatch<kWidth>&>(batch));
   }
   return true;
 }

@@ -38,10 +38,10 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, kExpSequentialWait);
     case ProbeStage::kOneShotPdl:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, kExpPdl);
-    case ProbeStage::kOneShot128:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 128);
-    case ProbeStage::kOneShot512:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 512);
+    case ProbeStage::kOneShot64:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 64);
+    case ProbeStage::kOneShot32:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 32);
     case ProbeStage::kTwoShotLLSequential:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL,
                          kExpSequentialWait);

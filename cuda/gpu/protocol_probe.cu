@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(32) StageKernel(const __grid_constant__ Protoc
     if (threadIdx.x == 0) {
       SendPacketPair(a, ctx.parity, 32, 0, make_uint4(1, 2, 3, 4), ctx.flag);
       TakeInRankOrder(a, PacketSlot(a, a.rank, ctx.parity, 32, 0), 32, 0, ctx.flag, waiter,
-                      make_uint4(0, 0, 0, 0), [](int, const auto&, int) {});
+                      make_uint4(0, 0, 0, 0), [](const RankBatch<>&) {});
     }
   }
   if constexpr (kStage >= ProbeStage::kHeader) CheckHeader(a, waiter);

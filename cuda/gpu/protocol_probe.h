@@ -23,8 +23,8 @@ enum class ProbeStage : int32_t {
   // A/B variants of the kernels (layout.h kExp*):
   kOneShotSequential = 7,   // one-shot awaiting one peer at a time
   kOneShotPdl = 8,          // one-shot launched with programmatic stream serialization
-  kOneShot128 = 9,          // one-shot in blocks of 128 threads
-  kOneShot512 = 10,         // one-shot in blocks of 512 threads
+  kOneShot64 = 9,           // one-shot in blocks of 64 threads
+  kOneShot32 = 10,          // one-shot in blocks of 32 threads
   kTwoShotLLSequential = 11,  // LL two-shot awaiting one peer at a time
   kLastStage = kTwoShotLLSequential,
 };

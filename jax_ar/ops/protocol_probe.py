@@ -17,7 +17,7 @@ from ._primitive import collective_primitive, fallback_reason
 __all__ = ["STAGES", "protocol_probe"]
 
 STAGES = ("empty", "launch", "header", "packet", "oneshot", "twoshot_ll", "twoshot_plain",
-          "oneshot_sequential", "oneshot_pdl", "oneshot_t128", "oneshot_t512",
+          "oneshot_sequential", "oneshot_pdl", "oneshot_t64", "oneshot_t32",
           "twoshot_ll_sequential")
 
 
