@@ -636,7 +636,7 @@ def suite_kernel_codes(mesh, comm):
         return jax.ffi.ffi_call("jax_ar_all_reduce", jax.ShapeDtypeStruct(v.shape, v.dtype))(
             v, comm_id=np.int64(comm.comm_id), op=np.int32(0), algorithm=np.int32(3))
 
-    expect_error(Exception, "algorithm 3 (twoshot_ll", lambda: np.asarray(jax.jit(
+    expect_error(Exception, "algorithm 3 (twoshot_ll", lambda: jax.block_until_ready(jax.jit(
         jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
                       check_vma=False))(x)))
     log("kernel_codes: ok")
