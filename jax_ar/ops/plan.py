@@ -17,12 +17,10 @@ of a call has one step:
   multi_axis  several mesh axes: jax_ar inside a host and XLA's collectives
               across hosts, composed as `composition` says
 
-Each step that is not a kernel carries its Reason, which the plan reports
-through the one logger of these decisions (config.report): a fallback that
-costs the user speed once per reason and call site at WARNING, with what to
-do; what exchanges nothing (a size-1 axis, constants, an explicit "psum") at
-DEBUG; the cost model's choices at INFO, once per size class.
-"""
+A step that is not a kernel carries its Reason, which the plan reports
+through the one logger (config.report): once per reason and call site, a
+WARNING with what to do where the user loses speed, DEBUG where nothing is
+exchanged (a size-1 axis, constants, an explicit "psum")."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,7 +31,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from .. import _native, config, selection
+from .. import selection
 from ..config import Reason, report
 from ._axes import (GATHER_DTYPES, REDUCE_DTYPES, Axes, communicator_for, inner_axis, lookup,
                     no_communicator_for_any, no_communicator_message, trivial_index_groups,
@@ -49,13 +47,11 @@ LAX, CONSTANT, LOCAL, KERNEL, MULTI_AXIS = "lax", "constant", "local", "kernel",
 VMAP, SINGLE, JAX_AR, XLA = "vmap", "single", "jax_ar", "xla"
 LAX_NAMES = {"sum": "jax.lax.psum", "avg": "jax.lax.pmean", "max": "jax.lax.pmax",
              "min": "jax.lax.pmin"}
-_F32 = np.dtype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """How some leaves of a call are served (the module's docstring).
-
+    """How some leaves of a call are served (the module's docstring):
     leaves: their indices in the call. op: what the step reduces with (a
     sum where an average is divided afterwards by `divide`). axes: what it
     exchanges over (multi_axis: the inner axis first). comm: the kernel's
@@ -102,20 +98,18 @@ class NormPlan:
     """How an all_reduce_rms_norm goes. path "fused": the fused kernel with
     `kernel` ("oneshot" | "twoshot") of `comm`; "pair": `reduce` of x, then
     rms_norm's kernel; "composed": `reduce` of float32 x (None: no axis),
-    then the norms in jnp. reason: why not fused."""
+    then the norms in jnp (the plan reported why not fused)."""
     path: str
     kernel: str = ""
     comm: object = None
     reduce: Plan | None = None
 
 
-# ----------------------------------------------------------------------------
-# The one logger.
-
 _SERVED_BY = {CONSTANT: "a constant", LOCAL: "jax.lax's local arithmetic"}
 
 
 def _report_steps(plan: Plan) -> Plan:
+    """Reports each step's reason through the one logger (config.report)."""
     for step in plan.steps:
         if step.reason is not None:
             served_by = LAX_NAMES[step.op] if step.kind == LAX else _SERVED_BY[step.kind]
@@ -315,10 +309,10 @@ def _placements(kinds: Axes, what):
 # all_reduce_rms_norm
 
 def plan_norm(what, kinds: Axes, x, residual, extras: bool, quantize: bool, algorithm) -> NormPlan:
-    """How all_reduce_rms_norm of checked operands goes: fused where one mesh
-    axis is served and the kernel takes the rows (and, with "auto", the
-    table predicts it fastest), else an all-reduce and the norm apart.
-    extras: post_gamma or bias given."""
+    """How all_reduce_rms_norm of checked operands goes (extras: post_gamma
+    or bias given): fused where one mesh axis is served and the kernel takes
+    the rows (with "auto": where the table predicts it fastest), else an
+    all-reduce and the norm apart."""
     names = kinds.names
     f32 = jax.ShapeDtypeStruct(np.shape(x), jnp.float32) if _traced(x) else x
     if not names:
