@@ -1,15 +1,14 @@
 """The public collectives, drop-ins for their lax counterparts inside
-jax.shard_map: argument checks, then the compositions of ops/multi_axis.py.
+jax.shard_map: argument checks, then the call's plan (ops/plan.py), carried
+out by the primitive families of ops/.
 
 Every call jax.lax's collective accepts is accepted: jax_ar's kernels serve
 what they can (mesh axes with a communicator set up for their devices);
-what they cannot serve lowers to the jax.lax collective, logged once with
-the reason (docs/guarantees.md lists both); errors name the function the
-user called.
+what they cannot serve lowers to the jax.lax collective, and the plan says
+why (docs/guarantees.md lists both); errors name the function the user
+called.
 """
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -18,9 +17,11 @@ import jax
 from . import _compat, config
 from .ops import _call_order
 from .ops._axes import classify_axes, normalize_axes, trivial_index_groups
-from .ops._primitive import call_lax, log_lax
-from .ops.all_reduce import LAX_NAMES, LAX_REDUCTIONS
-from .ops.multi_axis import all_gather_over, all_reduce_over, as_array, reduce_scatter_over
+from .ops._primitive import call_lax
+from .ops.all_reduce import run_all_reduce
+from .ops.multi_axis import all_gather_over, reduce_scatter_over
+from .ops.plan import KERNEL, LAX, as_array, plan_all_reduce, plan_leaf
+from .ops.scatter_gather import all_gather_leaf, reduce_scatter_leaf
 
 __all__ = ["all_gather", "all_reduce", "reduce_scatter"]
 
@@ -48,20 +49,11 @@ def all_reduce(x, axis_name, op="sum", algorithm="auto", *, axis_index_groups=No
     if not axes:
         return x  # jax.lax: a reduction over no axis is the identity
     kinds = classify_axes(axes, what)
-    lax_name = LAX_NAMES[op]
-    reason = _lax_only(kinds, axis_index_groups, what)
-    if reason is not None:
-        log_lax(what, axes, lax_name, reason)
-        if kinds.positional or not _compat.check_vma_enabled():
-            return call_lax(what, lax_name, LAX_REDUCTIONS[op], x, axes,
-                            axis_index_groups=axis_index_groups)
-        return jax.tree_util.tree_map(
-            lambda leaf: _grouped_reduction(leaf, axes, op, axis_index_groups, what), x)
     if algorithm == "auto":
         algorithm = config.algorithm_override() or "auto"
     leaves, treedef = jax.tree_util.tree_flatten(x)
-    return jax.tree_util.tree_unflatten(treedef,
-                                        all_reduce_over(leaves, kinds, op, algorithm, what))
+    plan = plan_all_reduce(what, kinds, leaves, op, algorithm, axis_index_groups)
+    return jax.tree_util.tree_unflatten(treedef, run_all_reduce(plan, leaves))
 
 
 def reduce_scatter(x, axis_name, scatter_dimension=0, tiled=False, *, axis_index_groups=None):
@@ -84,12 +76,7 @@ def reduce_scatter(x, axis_name, scatter_dimension=0, tiled=False, *, axis_index
         return x
     kinds = classify_axes(axes, what)
     tiled = bool(tiled)
-    reason = _lax_only(kinds, axis_index_groups, what)
-    if reason is None:
-        axis_index_groups = None  # one group of the whole axis: the same call without
-    lax_call = lambda leaf, d: jax.lax.psum_scatter(
-        leaf, axes, scatter_dimension=d, axis_index_groups=axis_index_groups, tiled=tiled)
-    size = kinds.size if not kinds.positional else None
+    lax_form, groups = _lax_form(kinds, axis_index_groups, what)
 
     def one(leaf):
         leaf = as_array(leaf, what)
@@ -98,21 +85,15 @@ def reduce_scatter(x, axis_name, scatter_dimension=0, tiled=False, *, axis_index
             raise ValueError(f"{what}: scatter_dimension {scatter_dimension} is "
                              f"out of range for an operand of shape {np.shape(leaf)}")
         d = int(scatter_dimension) % ndim
-        if reason is not None:
-            log_lax(what, axes, "jax.lax.psum_scatter", reason)
-            return call_lax(what, "jax.lax.psum_scatter", lax_call, leaf, d)
-        length = np.shape(leaf)[d]
-        named = f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r}"
-        if tiled and length % size:
-            raise ValueError(f"{what}: dimension {d} of the operand (size "
-                             f"{length}) must be a multiple of the size of {named} "
-                             f"({size}) with tiled=True")
-        if not tiled and length != size:
-            raise ValueError(f"{what}: dimension {d} of the operand (size "
-                             f"{length}) must equal the size of {named} ({size}); pass "
-                             "tiled=True to scatter blocks of a longer dimension")
-        return reduce_scatter_over(_in_turn(leaf, kinds, chain), kinds, d, tiled, what,
-                                   functools.partial(lax_call, d=d))
+        if not lax_form:  # jax.lax checks the forms only it takes
+            _check_scattered(what, np.shape(leaf)[d], d, axes, kinds.size, tiled)
+        step = plan_leaf(what, kinds, leaf, axis_index_groups, gather=False)
+        if step.kind == LAX:
+            return call_lax(what, "jax.lax.psum_scatter", jax.lax.psum_scatter, leaf, axes,
+                            scatter_dimension=d, axis_index_groups=groups, tiled=tiled)
+        if step.kind == KERNEL:
+            return reduce_scatter_leaf(leaf, axes[0], d, tiled, step.comm)
+        return reduce_scatter_over(_in_turn(leaf, kinds, chain), step, d, tiled, what)
 
     chain = []
     return jax.tree_util.tree_map(lambda leaf: _record(one(leaf), chain), x)
@@ -138,13 +119,7 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
         return x
     kinds = classify_axes(names, what)
     tiled = bool(tiled)
-    reason = _lax_only(kinds, axis_index_groups, what)
-    if reason is None:
-        axis_index_groups = None
-    lax_call = lambda leaf, d: jax.lax.all_gather(
-        leaf, names, axis_index_groups=axis_index_groups, axis=d, tiled=tiled, to=to)
-    if reason is None and to == "reduced":
-        reason = 'to="reduced" (jax_ar serves "varying" and "invarying")'
+    groups = _lax_form(kinds, axis_index_groups, what)[1]
 
     def one(leaf):
         leaf = as_array(leaf, what)
@@ -154,29 +129,16 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
             raise ValueError(f"{what}: axis {axis} is out of range for an operand "
                              f"of shape {np.shape(leaf)} with tiled={tiled}")
         d = int(axis) % out_ndim
-        if reason is not None:
-            log_lax(what, names, "jax.lax.all_gather", reason)
-            return call_lax(what, "jax.lax.all_gather", lax_call, leaf, d)
-        return all_gather_over(_in_turn(leaf, kinds, chain), kinds, d, tiled, to, what,
-                               functools.partial(lax_call, d=d))
+        step = plan_leaf(what, kinds, leaf, axis_index_groups, gather=True, to=to)
+        if step.kind == LAX:
+            return call_lax(what, "jax.lax.all_gather", jax.lax.all_gather, leaf, names,
+                            axis_index_groups=groups, axis=d, tiled=tiled, to=to)
+        if step.kind == KERNEL:
+            return all_gather_leaf(leaf, names[0], d, tiled, to, step.comm)
+        return all_gather_over(_in_turn(leaf, kinds, chain), step, d, tiled, to, what)
 
     chain = []
     return jax.tree_util.tree_map(lambda leaf: _record(one(leaf), chain), x)
-
-
-def _grouped_reduction(leaf, axes, op, axis_index_groups, what):
-    """jax.lax's reduction within `axis_index_groups` under check_vma, which
-    jax.lax.psum refuses there (NotImplementedError): the collective runs
-    without the varying-axes checks, and its result is typed as varying
-    over the input's axes and `axes` (each group has its own result)."""
-    lax_name = LAX_NAMES[op]
-    varying = _compat.varying_axes(jax.typeof(leaf)) if hasattr(leaf, "dtype") else frozenset()
-    with _compat.without_vma_checks():
-        out = call_lax(what, lax_name, LAX_REDUCTIONS[op], leaf, axes,
-                       axis_index_groups=axis_index_groups)
-    missing = tuple(a for a in (*sorted(varying, key=str), *axes)
-                    if a not in _compat.varying_axes(jax.typeof(out)))
-    return _compat.pcast_to_varying(out, missing) if missing else out
 
 
 def _in_turn(leaf, kinds, chain):
@@ -195,11 +157,23 @@ def _record(result, chain):
     return result
 
 
-def _lax_only(kinds, axis_index_groups, what) -> str | None:
-    """Why a call can only be jax.lax's (forms jax_ar's kernels do not take),
-    or None."""
+def _lax_form(kinds, axis_index_groups, what):
+    """(whether the call is a form only jax.lax takes, the groups jax.lax
+    gets): positional axes and groups within the axis are; one group of the
+    whole axis is the same call without groups."""
     if kinds.positional:
-        return f"positional axes {kinds.positional}"
-    if not trivial_index_groups(axis_index_groups, kinds.names, what):
-        return "axis_index_groups (groups within the axis)"
-    return None
+        return True, axis_index_groups
+    if trivial_index_groups(axis_index_groups, kinds.names, what):
+        return False, None
+    return True, axis_index_groups
+
+
+def _check_scattered(what, length, d, axes, size, tiled):
+    named = f"axis {axes[0]!r}" if len(axes) == 1 else f"axes {axes!r}"
+    if tiled and length % size:
+        raise ValueError(f"{what}: dimension {d} of the operand (size {length}) must be a "
+                         f"multiple of the size of {named} ({size}) with tiled=True")
+    if not tiled and length != size:
+        raise ValueError(f"{what}: dimension {d} of the operand (size {length}) must equal "
+                         f"the size of {named} ({size}); pass tiled=True to scatter blocks "
+                         "of a longer dimension")

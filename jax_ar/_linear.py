@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from . import config
-from .ops._axes import communicator_for
+from .ops._axes import classify_axes
 from .ops.matmul_all_reduce import (check_result_dtype, local_matmul_all_reduce,
                                     matmul_all_reduce_p)
 
@@ -55,9 +55,9 @@ def matmul_all_reduce(x, w, axis_name, *, precision=None, preferred_element_type
         if x.shape[-1] != w.shape[0]:
             raise ValueError(f"{op}: x's shard has {x.shape[-1]} features but w's has "
                              f"{w.shape[0]} rows")
-        comm = communicator_for(axis_name, op)
-        return local_matmul_all_reduce(x, w, (axis_name,), comm, precision=precision,
-                                       preferred_element_type=preferred, algorithm=algorithm)
+        return local_matmul_all_reduce(x, w, classify_axes((axis_name,), op), op,
+                                       precision=precision, preferred_element_type=preferred,
+                                       algorithm=algorithm)
     if manual:
         raise ValueError(f"{op} called inside a shard_map whose manual axes "
                          f"{sorted(manual)} do not include {axis_name!r}; call it inside a "

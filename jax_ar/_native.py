@@ -6,6 +6,7 @@ returns {target name: handler capsule}.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 
@@ -13,11 +14,12 @@ import jax
 
 import jax_ar._jax_ar_cpu as cpu  # the compiled CPU module (always built)
 
-__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "cpu", "limits"]
+__all__ = ["ALGORITHM_CODES", "OP_CODES", "backend_module", "cpu", "limits", "targets"]
 
-# Mirrors of cuda/common/protocol.h.
-OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
-ALGORITHM_CODES = {"oneshot": 1, "twoshot": 2}
+# The numbering the FFI attributes carry, as the compiled modules export it
+# (cuda/common/protocol.h; both modules build it from the same header).
+OP_CODES = dict(cpu.codes()["op"])
+ALGORITHM_CODES = dict(cpu.codes()["algorithm"])
 
 # XLA's platform names for the two kinds of device jax_ar serves.
 _PLATFORMS = {"cpu": ("_jax_ar_cpu", "cpu"), "gpu": ("_jax_ar_cuda", "CUDA")}
@@ -34,6 +36,13 @@ def limits(platform: str = "cpu") -> dict:
     except RuntimeError:
         module = cpu
     return dict(module.limits())
+
+
+@functools.lru_cache(maxsize=None)
+def targets(platform: str) -> frozenset:
+    """The FFI targets of `platform`'s module, registered with XLA on first
+    use. Raises RuntimeError when the module was not built."""
+    return frozenset(backend_module(platform).registrations())
 
 
 def backend_module(platform: str):

@@ -1,7 +1,7 @@
-"""The public norms: argument checks, then the primitives of ops/."""
+"""The public norms: argument checks, then the primitives of ops/ (for
+all_reduce_rms_norm, as the call's plan says: ops/plan.py)."""
 from __future__ import annotations
 
-import functools
 import numbers
 
 import numpy as np
@@ -10,12 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from . import config
-from .ops._axes import classify_axes, communicator_for, normalize_axes
-from .ops._primitive import call_lax, log_lax
-from .ops.all_reduce_rms_norm import composed, fused_or_composed
-from .ops.multi_axis import all_reduce_over
-from .ops._call_order import in_chain
+from .ops._axes import classify_axes, normalize_axes
+from .ops.all_reduce_rms_norm import run_norm
 from .ops.norm_math import reference, scale_vector, widen
+from .ops.plan import plan_norm
 from .ops.rms_norm import SUPPORTED_DTYPES, kernel_takes_residual, rms_norm_p
 
 __all__ = ["all_reduce_rms_norm", "rms_norm"]
@@ -43,8 +41,8 @@ def rms_norm(x, gamma, eps=1e-6, residual=None, scale_offset=0.0):
     gamma = scale_vector(gamma, _check_offset(op, scale_offset))
     reason = None if residual is None else kernel_takes_residual(x.dtype, residual.dtype)
     if reason is not None:
-        config.log_once(("rms_norm dtypes", reason),
-                        f"jax_ar: rms_norm lowers to XLA's own ops: {reason}")
+        config.report(op, None, "XLA's own ops",
+                      config.Reason(reason, "cast the residual to x's dtype or float32"))
     if np.size(x) == 0 or reason is not None:  # nothing for a kernel to do
         outs = reference(x, gamma, eps, residual)
     elif residual is None:
@@ -97,20 +95,9 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
     gamma = scale_vector(gamma, offset)
     post_gamma = None if post_gamma is None else scale_vector(post_gamma, offset)
     bias = None if bias is None else widen(bias)
-    if len(axes) == 1 and kinds.mesh:  # the fused kernel's case
-        comm = communicator_for(axes[0], op)
-        if comm is not None:
-            return fused_or_composed(x, residual, gamma, post_gamma, bias, scale, axes, comm,
-                                     eps, algorithm, quantize)
-        reduce = functools.partial(in_chain, jax.lax.psum, axis_name=axes)
-    elif not axes:
-        reduce = lambda v: v  # a sum over no axis  # noqa: E731
-    elif kinds.positional:
-        log_lax(op, axes, "jax.lax.psum", f"positional axes {kinds.positional}")
-        reduce = lambda v: call_lax(op, "jax.lax.psum", jax.lax.psum, v, axes)  # noqa: E731
-    else:  # several axes, vmap axes, size-1 axes: all_reduce's composition
-        reduce = lambda v: all_reduce_over([v], kinds, "sum", algorithm, op)[0]  # noqa: E731
-    return composed(x, residual, gamma, post_gamma, bias, scale, reduce, eps, quantize)
+    plan = plan_norm(op, kinds, x, residual, post_gamma is not None or bias is not None,
+                     quantize, algorithm)
+    return run_norm(plan, x, residual, gamma, post_gamma, bias, scale, eps, quantize)
 
 
 # ----------------------------------------------------------------------------

@@ -2,21 +2,27 @@
 
 JAX_AR_ALGO       overrides algorithm="auto" (oneshot | twoshot | psum)
 JAX_AR_TIMEOUT_S  deadline in seconds for every wait (setup and calls)
-JAX_AR_LOG        log level of the "jax_ar" logger (info logs each choice once)
-JAX_AR_TABLE      cost table file for algorithm="auto", or "default" (see _table.py)
+JAX_AR_LOG        log level of the "jax_ar" logger: info logs each choice once;
+                  error silences the fallback warnings (`report`)
+JAX_AR_TABLE      cost table file for algorithm="auto", or "default"
+                  (selection/table.py)
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
+from typing import NamedTuple
 
 __all__ = [
     "ALGORITHMS",
+    "Reason",
     "DEFAULT_TIMEOUT_S",
     "algorithm_override",
     "log_once",
     "logger",
+    "report",
     "resolve_timeout",
 ]
 
@@ -52,6 +58,43 @@ def log_once(key, message: str, level: int = logging.INFO) -> None:
             return
         _logged.add(key)
     logger.log(level, message)
+
+
+class Reason(NamedTuple):
+    """Why a call (or part of one) is not served by jax_ar's kernels: `why`,
+    what the user can do about it (`todo`), and whether the user loses
+    speed by it (`slower`)."""
+    why: str
+    todo: str = ""
+    slower: bool = True
+
+
+def report(what: str, axes, served_by: str, reason: Reason) -> None:
+    """The one logger of how calls go (ops/plan.py): says once per reason and
+    call site that `what` over `axes` (None: a call without axes) is served
+    by `served_by`, and why. A WARNING naming what to do where the user
+    loses speed (JAX_AR_LOG=error silences it), DEBUG where nothing is lost."""
+    site = _call_site()
+    level = logging.WARNING if reason.slower else logging.DEBUG
+    todo = f"; {reason.todo}" if reason.todo else ""
+    axes = axes[0] if isinstance(axes, tuple) and len(axes) == 1 else axes
+    over = "" if axes is None else f" over {axes!r}"
+    log_once(("route", what, axes, served_by, reason, site),
+             f"jax_ar: {what}{over} lowers to {served_by}: {reason.why}{todo} (at {site})", level)
+
+
+def _call_site() -> str:
+    """file:line of the user's code that made the call: the innermost frame
+    outside jax_ar, jax and Python's own library."""
+    skip = tuple(os.path.dirname(m.__file__) + os.sep
+                 for m in (sys.modules["jax_ar"], sys.modules["jax"], os))
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) and f"{os.sep}jaxlib{os.sep}" not in name:
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
 
 
 def resolve_timeout(explicit: float | None = None) -> float:

@@ -42,7 +42,7 @@ def capacity_of(world, workspace=64 << 20, platform="cpu"):
         except ImportError:
             pass
     capacities = module.capacities(workspace, world)
-    return lambda a: capacities[a]
+    return lambda a: capacities.get(a)  # twoshot_ll: the CUDA module's only
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
@@ -51,7 +51,7 @@ def test_predictions_monotone_and_choice_deterministic(platform, world):
     table = selection.table_for(platform, None, world)
     assert table.source.startswith("defaults")
     for capacity in (None, capacity_of(world, platform=platform)):
-        previous = {a: 0.0 for a in selection.CANDIDATES}
+        previous = {a: 0.0 for a in selection.candidates_for(platform)}
         for size in SIZES:
             predicted = selection.predict_all(table, size, capacity)
             for a, t in predicted.items():
@@ -64,17 +64,38 @@ def test_predictions_monotone_and_choice_deterministic(platform, world):
                  for s in SIZES]
         assert choices == again
     # Without workspace limits the GPU defaults move one way only: oneshot
-    # for small messages, then twoshot. With the workspace's rounds, the
-    # largest messages go to NCCL (near round boundaries the choice may step
-    # back: one more round costs one more latency).
+    # for small messages, then the two-shot over LL packets up to 1 MiB, then
+    # the plain two-shot. With the workspace's rounds, the largest messages
+    # go to NCCL (near round boundaries the choice may step back: one more
+    # round costs one more latency).
     if platform == "gpu":
-        order = {"oneshot": 0, "twoshot": 1, "psum": 2}
+        order = {"oneshot": 0, "twoshot_ll": 1, "twoshot": 2, "psum": 3}
         picks = [order[selection.choose_algorithm("gpu", world, s)] for s in SIZES]
         assert picks == sorted(picks) and picks[0] == 0, picks
         capacity = capacity_of(world, platform="gpu")
         picks = [order[selection.choose_algorithm("gpu", world, s, capacity_bytes=capacity)]
                  for s in SIZES]
-        assert picks[0] == 0 and picks[-1] == 2, picks
+        assert picks[0] == 0 and picks[-1] == order["psum"], picks
+
+
+@pytest.mark.parametrize("world", [2, 4, 8, 16])
+def test_two_shot_kernel_is_what_the_cuda_handler_runs(world):
+    """The plan names the kernel the CUDA handler runs: algorithm="twoshot"
+    is the two-shot over LL packets up to 1 MiB per call and the plain
+    two-shot above (the shipped table reproduces the rule the handler used
+    to apply itself); CPU devices have the plain kernel only."""
+    capacity = capacity_of(world, platform="gpu")
+    two_shot = selection.candidates_for("gpu", "twoshot")
+    assert two_shot == ("twoshot_ll", "twoshot")
+    for nbytes in (16, 4096, 1 << 19, 1 << 20):
+        assert selection.choose_algorithm("gpu", world, nbytes, capacity_bytes=capacity,
+                                          candidates=two_shot) == "twoshot_ll", nbytes
+    for nbytes in ((1 << 20) + 16, 1 << 22, 1 << 26):
+        assert selection.choose_algorithm("gpu", world, nbytes, capacity_bytes=capacity,
+                                          candidates=two_shot) == "twoshot", nbytes
+    assert selection.candidates_for("cpu", "twoshot") == ("twoshot",)
+    assert "twoshot_ll" not in selection.candidates_for("cpu")
+    assert _native.ALGORITHM_CODES["twoshot_ll"] == 3
 
 
 def test_rounds_are_predicted_as_full_rounds_plus_the_rest():

@@ -44,9 +44,15 @@ inline ffi::Error CheckReduceOp(const char* operation, int32_t op) {
 }
 
 // `algorithm` attribute: an Algorithm (Python resolves "auto" and "psum").
-inline ffi::Error CheckAlgorithm(const char* operation, int32_t algorithm) {
-  if (algorithm != static_cast<int32_t>(Algorithm::kOneShot) &&
-      algorithm != static_cast<int32_t>(Algorithm::kTwoShot)) {
+// Only the CUDA all_reduce has the LL two-shot kernel (`has_two_shot_ll`);
+// Python's plan never sends it elsewhere.
+inline ffi::Error CheckAlgorithm(const char* operation, int32_t algorithm, bool has_two_shot_ll) {
+  if (algorithm == static_cast<int32_t>(Algorithm::kTwoShotLL) && !has_two_shot_ll) {
+    return InvalidCall(operation, "algorithm 3 (twoshot_ll, the two-shot over LL packets) has "
+                                  "no kernel here; this handler runs 1 (oneshot) and 2 (twoshot)");
+  }
+  if (algorithm < static_cast<int32_t>(Algorithm::kOneShot) ||
+      algorithm > static_cast<int32_t>(Algorithm::kTwoShotLL)) {
     return InvalidCall(operation, "unknown algorithm " + std::to_string(algorithm));
   }
   return ffi::Error::Success();

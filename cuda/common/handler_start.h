@@ -16,13 +16,15 @@
 namespace jax_ar {
 
 // all_reduce: its operands are checked while the backend packs them
-// (ForEachAllReduceOperand).
+// (ForEachAllReduceOperand). `has_two_shot_ll`: the backend has that kernel.
 template <typename State>
 std::shared_ptr<State> StartAllReduce(int64_t comm_id, int device_ordinal, int32_t op,
-                                      int32_t algorithm, ffi::Error& error) {
+                                      int32_t algorithm, bool has_two_shot_ll,
+                                      ffi::Error& error) {
   constexpr Operation kOperation = Operation::kAllReduce;
   if (error = CheckReduceOp(OperationName(kOperation), op); error.failure()) return nullptr;
-  if (error = CheckAlgorithm(OperationName(kOperation), algorithm); error.failure()) {
+  if (error = CheckAlgorithm(OperationName(kOperation), algorithm, has_two_shot_ll);
+      error.failure()) {
     return nullptr;
   }
   return FindRank<State>(static_cast<uint64_t>(comm_id), device_ordinal, kOperation, error);

@@ -60,6 +60,22 @@ inline nanobind::dict CommonLimits() {
   return limits;
 }
 
+// codes(): {"op": {name: code}, "algorithm": {name: code}}, the numbering of
+// protocol.h that the primitives' FFI attributes carry (jax_ar/_native.py
+// reads it from here; Python keeps no copy).
+inline nanobind::dict Codes() {
+  nanobind::dict ops, algorithms, codes;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    ops[OpName(op)] = static_cast<int32_t>(op);
+  }
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kTwoShotLL}) {
+    algorithms[AlgorithmName(a)] = static_cast<int32_t>(a);
+  }
+  codes["op"] = ops;
+  codes["algorithm"] = algorithms;
+  return codes;
+}
+
 // capacities() takes any workspace and world size from Python; these would
 // divide by zero or underflow.
 inline void CheckCapacityArgs(size_t workspace_bytes, int world) {

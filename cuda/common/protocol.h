@@ -1,6 +1,6 @@
 // What every backend agrees on: the numbering of reduction ops, algorithms
-// (mirrored in jax_ar/_native.py) and operations, and the limits of a
-// communicator.
+// (both modules export them to Python: codes(), common/module_util.h) and
+// operations, and the limits of a communicator.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +22,10 @@ inline constexpr size_t kAlign = 16;
 inline constexpr size_t kControlBytes = 64 * 1024;
 
 enum class ReduceOp : int32_t { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
-enum class Algorithm : int32_t { kOneShot = 1, kTwoShot = 2 };
+// The kernel an all_reduce call runs, as Python's plan chose it
+// (jax_ar/ops/plan.py): kTwoShot is the plain two-shot, kTwoShotLL the
+// two-shot over LL packets (CUDA only).
+enum class Algorithm : int32_t { kOneShot = 1, kTwoShot = 2, kTwoShotLL = 3 };
 
 // The public function a call serves. Part of every call signature (ranks
 // making different operations on equal operands get an error, not each
@@ -65,6 +68,7 @@ inline const char* AlgorithmName(Algorithm a) {
   switch (a) {
     case Algorithm::kOneShot: return "oneshot";
     case Algorithm::kTwoShot: return "twoshot";
+    case Algorithm::kTwoShotLL: return "twoshot_ll";
   }
   return "?";
 }

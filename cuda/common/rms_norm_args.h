@@ -5,11 +5,7 @@
 //   jax_ar_rms_norm             x [..., H], gamma f32[H] -> out like x
 //   jax_ar_add_rms_norm         x [..., H], residual [..., H], gamma f32[H]
 //                               -> out like x, residual_out like residual
-//   jax_ar_all_reduce_rms_norm  x [T, H], residual [T, H], gamma f32[G, H],
-//                               post_gamma f32[G, H] or f32[0, H] (none),
-//                               bias f32[G, H] or f32[0, H] (none), scale f32[]
-//                               -> out [T, H] (x's type, or float8_e4m3fn),
-//                                  residual_out [T, H] like residual
+//   jax_ar_all_reduce_rms_norm  as common/all_reduce_rms_norm_ffi.h binds it
 //
 // x is float32, bfloat16 or float16; the residual is of x's type or float32
 // (Python converts other pairs, docs/rms_norm.md says how); the scale
@@ -160,7 +156,10 @@ inline ffi::Error CheckAllReduceRmsNormCall(
     const ffi::AnyBuffer& residual, const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& post_gamma,
     const ffi::AnyBuffer& bias, const ffi::AnyBuffer& out, const ffi::AnyBuffer& residual_out,
     float eps, size_t& rows, size_t& hidden, NormVectors& vectors) {
-  if (auto error = CheckAlgorithm(op, algorithm); error.failure()) return error;
+  // The fused kernels come in one-shot and two-shot only.
+  if (auto error = CheckAlgorithm(op, algorithm, /*has_two_shot_ll=*/false); error.failure()) {
+    return error;
+  }
   if (quantize != 0 && quantize != 1) return InvalidCall(op, "quantize must be 0 or 1");
   if (auto error = CheckNormInput(op, x, rows, hidden); error.failure()) return error;
   if (auto error = CheckResidual(op, x, residual); error.failure()) return error;

@@ -18,7 +18,9 @@ ffi::Error AllReduceHandler(int32_t device_ordinal,
                             int32_t op,               // ReduceOp
                             int32_t algorithm) {      // Algorithm
   ffi::Error error = ffi::Error::Success();
-  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm, error);
+  // No LL packets here: the CPU protocol has the one-shot and the two-shot.
+  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm,
+                                         /*has_two_shot_ll=*/false, error);
   if (state == nullptr) return error;
   std::vector<Segment> segments;
   if (auto error = SegmentsFromBuffers(args, rets, segments); error.failure()) return error;

@@ -1,5 +1,5 @@
 // FFI handler of jax_ar.all_reduce_rms_norm on CPU devices (operands as
-// common/rms_norm_args.h lists them). Per row, in float32:
+// common/all_reduce_rms_norm_ffi.h binds them). Per row, in float32:
 //
 //   t            = sum of x over ranks (rank order 0..N-1), + bias if given
 //   with post_gamma: t = t * inverse_rms(t) * post_gamma
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/all_reduce_rms_norm_ffi.h"
 #include "common/handler_start.h"
 #include "cpu/exchange.h"
 #include "cpu/rms_norm.h"
@@ -90,19 +91,13 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
   return ffi::Error::Success();
 }
 
-ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
-                                   ffi::AnyBuffer x,                          // [T, H], this rank's part
-                                   ffi::AnyBuffer residual,                   // [T, H] x's type or f32
-                                   ffi::AnyBuffer gamma,                      // f32 [G, H]
-                                   ffi::AnyBuffer post_gamma,                 // f32 [G, H] or [0, H]
-                                   ffi::AnyBuffer bias,                       // f32 [G, H] or [0, H]
-                                   ffi::BufferR0<ffi::F32> scale,             // read when quantize
-                                   ffi::Result<ffi::AnyBuffer> out,           // [T, H] x's type or fp8
-                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] like residual
-                                   int64_t comm_id,                           // Communicator.comm_id
-                                   int32_t algorithm,                         // Algorithm
-                                   float eps,                                 // > 0
-                                   int32_t quantize) {                        // 1: fp8 out
+// Parameters after the context: common/all_reduce_rms_norm_ffi.h.
+ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal, ffi::AnyBuffer x,
+                                   ffi::AnyBuffer residual, ffi::AnyBuffer gamma,
+                                   ffi::AnyBuffer post_gamma, ffi::AnyBuffer bias,
+                                   ffi::BufferR0<ffi::F32> scale, ffi::Result<ffi::AnyBuffer> out,
+                                   ffi::Result<ffi::AnyBuffer> residual_out, int64_t comm_id,
+                                   int32_t algorithm, float eps, int32_t quantize) {
   size_t rows = 0, hidden = 0;
   NormVectors vectors;
   ffi::Error error = ffi::Error::Success();
@@ -122,19 +117,6 @@ ffi::Error AllReduceRmsNormHandler(int32_t device_ordinal,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()           // x
-                                  .Arg<ffi::AnyBuffer>()           // residual
-                                  .Arg<ffi::AnyBuffer>()           // gamma
-                                  .Arg<ffi::AnyBuffer>()           // post_gamma
-                                  .Arg<ffi::AnyBuffer>()           // bias
-                                  .Arg<ffi::BufferR0<ffi::F32>>()  // scale
-                                  .Ret<ffi::AnyBuffer>()           // out
-                                  .Ret<ffi::AnyBuffer>()           // residual_out
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int32_t>("algorithm")
-                                  .Attr<float>("eps")
-                                  .Attr<int32_t>("quantize"));
+                              BindAllReduceRmsNorm(ffi::Ffi::Bind().Ctx<ffi::DeviceOrdinal>()));
 
 }  // namespace jax_ar::cpu

@@ -1,5 +1,6 @@
-// Python module of the CPU backend: FFI registrations plus the calls that
-// jax_ar/communicator.py makes at setup and close.
+// Python module of the CPU backend: FFI registrations, the codes and limits
+// Python reads, plus the calls that jax_ar/comm/cpu_backend.py makes at setup
+// and close.
 #include <memory>
 #include <mutex>
 #include <string>
@@ -165,6 +166,9 @@ NB_MODULE(_jax_ar_cpu, m) {
   m.def("limits", &CommonLimits,
         "max_ranks, control_bytes, and the rows the norm kernels take (vector_bytes, "
         "fused_min_hidden, fused_max_hidden).");
+
+  m.def("codes", &Codes,
+        "The numbering of ops and algorithms the FFI attributes carry (common/protocol.h).");
 
   m.def("live_ranks", []() { return Registry<RankState>::Instance().Size(); },
         "Rank states registered in this process (for leak checks).");

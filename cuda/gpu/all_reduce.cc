@@ -214,25 +214,38 @@ ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuff
 
 namespace {
 
+// The kernel of each algorithm code: the one Python's plan chose (every rank
+// the same), run as it is.
+bool KernelOf(int32_t algorithm, AllReduceKernel& kernel) {
+  switch (static_cast<Algorithm>(algorithm)) {
+    case Algorithm::kOneShot: kernel = AllReduceKernel::kOneShot; return true;
+    case Algorithm::kTwoShot: kernel = AllReduceKernel::kTwoShotPlain; return true;
+    case Algorithm::kTwoShotLL: kernel = AllReduceKernel::kTwoShotLL; return true;
+  }
+  return false;
+}
+
 ffi::Error AllReduceHandler(cudaStream_t stream,
                             int32_t device_ordinal,   // XLA's ordinal of this GPU
                             ffi::RemainingArgs args,  // arrays to reduce
                             ffi::RemainingRets rets,  // their reductions, same shapes
                             int64_t comm_id,          // Communicator.comm_id
                             int32_t op,               // ReduceOp
-                            int32_t algorithm) {      // Algorithm
+                            int32_t algorithm) {      // Algorithm: the kernel to run
   handler_calls.fetch_add(1, std::memory_order_relaxed);
   ffi::Error error = ffi::Error::Success();
-  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm, error);
+  auto state = StartAllReduce<RankState>(comm_id, device_ordinal, op, algorithm,
+                                         /*has_two_shot_ll=*/true, error);
   if (state == nullptr) return error;
+  AllReduceKernel kernel;
+  KernelOf(algorithm, kernel);  // a known code: StartAllReduce checked it
   std::vector<Piece> pieces;
   uint64_t total = 0;
   if (auto e = PiecesFromBuffers(args, rets, pieces, total); e.failure()) return e;
   if (total == 0) return ffi::Error::Success();
   return RunAllReduce(stream, *state, pieces, total, static_cast<ReduceOp>(op),
                       static_cast<Algorithm>(algorithm),
-                      PlanKernel(state->layout(), state->world, static_cast<Algorithm>(algorithm),
-                                 total));
+                      PlanKernel(state->layout(), state->world, kernel));
 }
 
 }  // namespace

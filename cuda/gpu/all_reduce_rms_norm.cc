@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/all_reduce_rms_norm_ffi.h"
 #include "common/handler_start.h"
 #include "common/norm_limits.h"
 #include "common/rms_norm_args.h"
@@ -63,20 +64,13 @@ ffi::Error CheckKernelTakes(const ffi::AnyBuffer& x, const ffi::AnyBuffer& resid
                             residual_out.untyped_data(), out.untyped_data()});
 }
 
-ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
-                                   int32_t device_ordinal,                    // XLA's ordinal
-                                   ffi::AnyBuffer x,                          // [T, H], this rank's part
-                                   ffi::AnyBuffer residual,                   // [T, H] x's type or f32
-                                   ffi::AnyBuffer gamma,                      // f32 [G, H]
-                                   ffi::AnyBuffer post_gamma,                 // f32 [G, H] or [0, H]
-                                   ffi::AnyBuffer bias,                       // f32 [G, H] or [0, H]
-                                   ffi::BufferR0<ffi::F32> scale,             // read when quantize
-                                   ffi::Result<ffi::AnyBuffer> out,           // [T, H] x's type or fp8
-                                   ffi::Result<ffi::AnyBuffer> residual_out,  // [T, H] like residual
-                                   int64_t comm_id,                           // Communicator.comm_id
-                                   int32_t algorithm,                         // Algorithm
-                                   float eps,                                 // > 0
-                                   int32_t quantize) {                        // 1: fp8 out
+// Parameters after the context: common/all_reduce_rms_norm_ffi.h.
+ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer x,
+                                   ffi::AnyBuffer residual, ffi::AnyBuffer gamma,
+                                   ffi::AnyBuffer post_gamma, ffi::AnyBuffer bias,
+                                   ffi::BufferR0<ffi::F32> scale, ffi::Result<ffi::AnyBuffer> out,
+                                   ffi::Result<ffi::AnyBuffer> residual_out, int64_t comm_id,
+                                   int32_t algorithm, float eps, int32_t quantize) {
   size_t row_count = 0, hidden_size = 0;
   NormVectors vectors;
   ffi::Error error = ffi::Error::Success();
@@ -171,21 +165,9 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduceRmsNorm, AllReduceRmsNormHandler,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()           // x
-                                  .Arg<ffi::AnyBuffer>()           // residual
-                                  .Arg<ffi::AnyBuffer>()           // gamma
-                                  .Arg<ffi::AnyBuffer>()           // post_gamma
-                                  .Arg<ffi::AnyBuffer>()           // bias
-                                  .Arg<ffi::BufferR0<ffi::F32>>()  // scale
-                                  .Ret<ffi::AnyBuffer>()           // out
-                                  .Ret<ffi::AnyBuffer>()           // residual_out
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int32_t>("algorithm")
-                                  .Attr<float>("eps")
-                                  .Attr<int32_t>("quantize"),
+                              BindAllReduceRmsNorm(ffi::Ffi::Bind()
+                                                       .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                       .Ctx<ffi::DeviceOrdinal>()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace jax_ar::gpu

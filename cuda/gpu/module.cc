@@ -1,5 +1,6 @@
-// Python module of the CUDA backend: FFI registrations plus the calls that
-// jax_ar/_cuda_backend.py makes at setup and close.
+// Python module of the CUDA backend: FFI registrations, the codes and limits
+// Python reads, plus the calls that jax_ar/comm/gpu_backend.py makes at setup
+// and close.
 //
 // Failures that mean "these GPUs cannot reach each other" (an IPC handle
 // that does not open, peer access refused) are recorded, not raised:
@@ -375,6 +376,7 @@ NB_MODULE(_jax_ar_cuda, m) {
           nb::dict out;
           out["oneshot"] = RoundCapacity(layout, world, Algorithm::kOneShot);
           out["twoshot"] = RoundCapacity(layout, world, Algorithm::kTwoShot);
+          out["twoshot_ll"] = PlanKernel(layout, world, AllReduceKernel::kTwoShotLL).capacity;
           out["sender_share"] = SenderShare(layout, world);
           out["max_fused_row_bytes"] = MaxFusedRowBytes(layout, world, 1);
           out["max_fused_row_bytes_f32_residual"] =
@@ -382,11 +384,11 @@ NB_MODULE(_jax_ar_cuda, m) {
           return out;
         },
         nb::arg("workspace_bytes"), nb::arg("world"),
-        "Bytes one launch carries per algorithm (oneshot, twoshot), a sender's share of a "
-        "plain half (sender_share), and the longest row of x all_reduce_rms_norm fuses with a "
-        "residual of x's type (max_fused_row_bytes) and with a float32 residual beside 16-bit "
-        "x (max_fused_row_bytes_f32_residual), from the functions the handlers use "
-        "(capacity.h).");
+        "Bytes one launch carries per kernel (oneshot, twoshot, twoshot_ll), a sender's "
+        "share of a plain half (sender_share), and the longest row of x all_reduce_rms_norm "
+        "fuses with a residual of x's type (max_fused_row_bytes) and with a float32 residual "
+        "beside 16-bit x (max_fused_row_bytes_f32_residual), from the functions the handlers "
+        "use (capacity.h).");
 
   m.def("limits",
         []() {
@@ -397,6 +399,9 @@ NB_MODULE(_jax_ar_cuda, m) {
         "max_ranks, control_bytes, the rows the norm kernels take (vector_bytes, "
         "fused_min_hidden, fused_max_hidden) and the longest row of rms_norm's kernel in "
         "16-byte vectors (rms_norm_max_row_vectors).");
+
+  m.def("codes", &Codes,
+        "The numbering of ops and algorithms the FFI attributes carry (common/protocol.h).");
 
   m.def("registrations", []() {
     nb::dict targets = Registrations({kAllReduce, kReduceScatter, kAllGather, kRmsNorm,

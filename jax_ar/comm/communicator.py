@@ -85,11 +85,12 @@ class Communicator:
         return all(g in mine for g in group_ids(groups))
 
     def capacity_bytes(self, key: str) -> int:
-        """Largest message one protocol round carries (key "oneshot" or
-        "twoshot"; larger ones take several), a sender's share of a data
+        """Largest message one protocol round carries (key "oneshot",
+        "twoshot" or, on CUDA, "twoshot_ll"; larger ones take several), a sender's share of a data
         half ("sender_share"), or the longest row the fused norm kernel
-        carries in one round of either algorithm ("max_fused_row_bytes"). The compiled module of the platform answers
-        from its own workspace layout (CPU and GPU divide it differently)."""
+        carries in one round of either algorithm ("max_fused_row_bytes"). The
+        compiled module of the platform answers from its own workspace layout
+        (CPU and GPU divide it differently)."""
         if self._capacities is None:
             try:
                 module = backend_for(self.platform).module
@@ -313,21 +314,15 @@ def _connect(comm: Communicator, agreement) -> None:
     """Allocates, exchanges and maps workspaces; sets comm.fallback_reason
     where jax_ar cannot serve. Every process reaches the same decision."""
     label = f"axis '{comm.axis_name}'"
-    if comm.world_size == 1:
-        comm.fallback_reason = f"{label} has size 1"
-        config.log_once(("fallback", comm.comm_id), f"jax_ar: {comm.fallback_reason}; psum serves it")
-        return
     max_ranks = _native.limits(comm.platform)["max_ranks"]
+    if comm.world_size == 1:
+        return _fall_back(comm, f"{label} has size 1")
     if comm.world_size > max_ranks:
-        comm.fallback_reason = f"{label} has {comm.world_size} devices, more than {max_ranks}"
-        config.log_once(("fallback", comm.comm_id), f"jax_ar: {comm.fallback_reason}; psum serves it")
-        return
+        return _fall_back(comm, f"{label} has {comm.world_size} devices, more than {max_ranks}")
     try:
         backend = backend_for(comm.platform)
     except RuntimeError as e:
-        comm.fallback_reason = str(e)
-        config.log_once(("fallback", comm.comm_id), f"jax_ar: {e}; psum serves {label}")
-        return
+        return _fall_back(comm, f"{e} ({label})")
 
     me = jax.process_index()
     processes = sorted({d.process_index for d in comm.mesh.devices.flat})
@@ -387,12 +382,9 @@ def _establish(comm, backend, rendezvous, me, label, describe, agreement):
     host_of = {p: v["host"] for p, v in info.items()}
     spanning = [g for g in comm.groups if len({host_of[d.process_index] for d in g}) > 1]
     if spanning:
-        comm.fallback_reason = (f"a group of {label} spans several hosts ("
-                                f"{', '.join(sorted({host_of[d.process_index] for d in spanning[0]}))})")
-        config.log_once(("fallback", comm.comm_id),
-                        f"jax_ar: {comm.fallback_reason}; psum serves it")
+        hosts = ", ".join(sorted({host_of[d.process_index] for d in spanning[0]}))
         backend.close(comm.comm_id)
-        return
+        return _fall_back(comm, f"a group of {label} spans several hosts ({hosts})")
 
     hardware_of = {int(k): (host_of[p], h) for p, v in info.items()
                    for k, h in v["hardware"].items() if h is not None}
@@ -424,12 +416,16 @@ def _establish(comm, backend, rendezvous, me, label, describe, agreement):
     problems = rendezvous.all_gather("verified", backend.verify(comm.comm_id, local_devices))
     reasons = sorted({r for r in problems.values() if r})
     if reasons:
-        comm.fallback_reason = "; ".join(reasons)
-        config.log_once(("fallback", comm.comm_id),
-                        f"jax_ar: peers of {label} are not reachable ({comm.fallback_reason}); "
-                        "psum serves it")
         backend.close(comm.comm_id)
         comm._backend = None
+        _fall_back(comm, f"peers of {label} are not reachable ({'; '.join(reasons)})")
+
+
+def _fall_back(comm: Communicator, reason: str) -> None:
+    """Records why psum serves `comm` (every process decides the same), and
+    says so once; each call it serves says so again (ops/plan.py)."""
+    comm.fallback_reason = reason
+    config.log_once(("fallback", comm.comm_id), f"jax_ar: {reason}; psum serves it")
 
 
 def close_all() -> list[str]:

@@ -8,22 +8,27 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import ml_dtypes
 import numpy as np
 
 import jax
 import jax.numpy as jnp
 
-from .. import _compat, config
+from .. import _compat
 from ..comm.communicator import (Communicator, communicator_by_id, describe_groups,
                                  find_communicator, mesh_groups, open_communicators)
 from ..errors import JaxArError
 
-__all__ = ["REDUCE_DTYPES", "Axes", "as_varying", "check_dtype", "classify_axes",
-           "communicator_for", "lookup", "lowered_comm_id", "normalize_axes",
-           "trivial_index_groups"]
+__all__ = ["GATHER_DTYPES", "REDUCE_DTYPES", "Axes", "as_varying", "check_dtype",
+           "classify_axes", "communicator_for", "inner_axis", "lookup", "lowered_comm_id",
+           "no_communicator_for_any", "normalize_axes", "trivial_index_groups"]
 
 # The element types the reductions (all_reduce, reduce_scatter) carry.
 REDUCE_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32))
+# All-gather only moves bytes, so it takes more dtypes than the reductions.
+GATHER_DTYPES = REDUCE_DTYPES + tuple(np.dtype(t) for t in (
+    np.int8, np.uint8, np.bool_, np.int16, np.uint16, np.uint32, np.int64, np.uint64,
+    np.float64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2))
 
 
 def normalize_axes(axis_name, what: str) -> tuple:
@@ -160,13 +165,10 @@ def unknown_devices_reason(axis) -> str:
 def communicator_for(axis, what: str) -> Communicator | None:
     """The communicator serving mesh axis `axis` of a call of `what`.
     ValueError (at trace time) when none is set up for the devices of the
-    axis. None when the devices are unknown while tracing: the caller then
-    lowers to the jax.lax collective (logged once here)."""
+    axis. None when the devices are unknown while tracing (the plan then
+    lowers the call to jax.lax and says why)."""
     found = lookup(axis)
     if found.groups is None:
-        config.log_once(("unknown devices", what, axis),
-                        f"jax_ar: {what} over {axis!r} lowers to jax.lax: "
-                        f"{unknown_devices_reason(axis)}")
         return None
     if found.comm is None:
         if find_communicator(axis, found.groups, closed=True) is not None:
@@ -178,6 +180,33 @@ def communicator_for(axis, what: str) -> Communicator | None:
         raise ValueError(no_communicator_message(what, axis, found.groups))
     found.comm.check()  # a communicator that failed stays failed until close() and setup()
     return found.comm
+
+
+def inner_axis(axes, what):
+    """Of several mesh axes, the one jax_ar serves: (axis, communicator,
+    None), or (None, None, why) when none can (why None: the devices are
+    unknown while tracing). ValueError when no axis was set up at all."""
+    lookups = [lookup(a) for a in axes]
+    if any(f.groups is None for f in lookups):
+        return None, None, None
+    found = [(f.axis, f.comm) for f in lookups if f.comm is not None]
+    if not found:
+        raise ValueError(no_communicator_for_any(what, lookups))
+    serving = [(a, c) for a, c in found if c.serves_calls]
+    if not serving:
+        return None, None, "; ".join(f"{a!r}: {c.fallback_reason or 'closed'}" for a, c in found)
+    # The largest group keeps the most traffic inside the host; on a tie the
+    # later axis wins (meshes put the intra-host axis last).
+    axis, comm = max(reversed(serving), key=lambda ac: ac[1].world_size)
+    comm.check()  # JaxArError now for a communicator that has failed
+    return axis, comm, None
+
+
+def no_communicator_for_any(what, lookups) -> str:
+    axes = tuple(f.axis for f in lookups)
+    detail = "; ".join(no_communicator_message(what, f.axis, f.groups) for f in lookups)
+    return (f"{what}: no communicator for any of the axes {axes}; call jax_ar.setup(mesh, axis) "
+            f"for the axis whose devices share a host before tracing ({detail})")
 
 
 def lowered_comm_id(ctx, axis, comm_id: int, what: str) -> int:

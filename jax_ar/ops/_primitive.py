@@ -1,17 +1,19 @@
 """The skeleton every collective primitive shares: a primitive that only
 exists inside shard_map, lowered in place to one FFI custom call of a
 communicator (the one that holds the devices it is lowered for), and the
-one way a call that lowers to a jax.lax collective says so."""
+one way a step of a plan runs a jax.lax collective (`call_lax`,
+`over_vmap_axes`)."""
 from __future__ import annotations
 
+import jax
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from .. import config
+from .. import _compat
 from . import _call_order
 from ._axes import lowered_comm_id
 
-__all__ = ["call_lax", "collective_primitive", "fallback_reason", "log_fallback", "log_lax"]
+__all__ = ["call_lax", "collective_primitive", "over_vmap_axes"]
 
 
 def collective_primitive(target: str, public_name: str, abstract_eval, ffi_attributes, *,
@@ -45,28 +47,6 @@ def collective_primitive(target: str, public_name: str, abstract_eval, ffi_attri
     return primitive
 
 
-def fallback_reason(comm) -> str | None:
-    """Why `comm` cannot run jax_ar's kernels (closed, or its setup chose the
-    psum fallback), or None when it can."""
-    if comm.closed:
-        return "closed"
-    return comm.fallback_reason
-
-
-def log_fallback(comm, what: str, axis, lax_name: str, reason: str) -> None:
-    """Logs once per communicator and operation that `what` lowers to the
-    lax collective `lax_name`, and why."""
-    config.log_once(("fallback", comm.comm_id, what, reason),
-                    f"jax_ar: {what} over {axis!r} lowers to {lax_name}: {reason}")
-
-
-def log_lax(what: str, axes, lax_name: str, reason: str) -> None:
-    """Logs once that a call of `what` that no communicator serves (a form
-    jax_ar's kernels do not take) lowers to the lax collective `lax_name`."""
-    config.log_once(("lax", what, axes, reason),
-                    f"jax_ar: {what} over {axes!r} lowers to {lax_name}: {reason}")
-
-
 def call_lax(what: str, lax_name: str, fn, *args, **kwargs):
     """fn(*args, **kwargs), a jax.lax collective serving a call of `what`;
     its errors name `what` too (the user called jax_ar, not jax.lax). On
@@ -83,3 +63,21 @@ def call_lax(what: str, lax_name: str, fn, *args, **kwargs):
         raise NotImplementedError(
             f"{what}: {lax_name}, which serves this form of the call, fails on it inside this "
             f"shard_map ({type(e).__name__}: {e})") from e
+
+
+def over_vmap_axes(what, lax_name, fn, values, *args):
+    """fn(values, *args): jax.lax collectives over vmap axes only, which
+    vmap turns into local arithmetic. They run without the varying-axes
+    checks (jax.lax's own check_vma path rejects vmap axis names, and
+    without it jax.lax's results lose their varying mesh axes): each result
+    is given back the mesh axes its input varies over, which local
+    arithmetic does not change."""
+    varying = [_compat.varying_axes(jax.typeof(v)) for v in jax.tree_util.tree_leaves(values)]
+    with _compat.without_vma_checks():
+        out = call_lax(what, lax_name, fn, values, *args)
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    restored = []
+    for leaf, axes in zip(leaves, varying):
+        missing = tuple(sorted(axes - _compat.varying_axes(jax.typeof(leaf)), key=str))
+        restored.append(_compat.pcast_to_varying(leaf, missing) if missing else leaf)
+    return jax.tree_util.tree_unflatten(treedef, restored)

@@ -2,15 +2,10 @@
 + RMSNorm (+ FP8 out) in one call, the boundary of every tensor-parallel
 transformer block.
 
-The primitive binds the FFI target `jax_ar_all_reduce_rms_norm`:
-
-  args   x [T, H] (this rank's partial sums; float32 | bfloat16 | float16),
-         residual [T, H] (x's dtype or float32), gamma f32[G, H],
-         post_gamma f32[G, H] or f32[0, H] (none), bias f32[G, H] or
-         f32[0, H] (none), scale f32[] (read only when quantize=1)
-  rets   out [T, H] (x's dtype, or float8_e4m3fn when quantize=1),
-         residual_out [T, H] (the residual's dtype)
-  attrs  comm_id:i64, algorithm:i32 (protocol.h codes), eps:f32, quantize:i32
+The primitive binds the FFI target `jax_ar_all_reduce_rms_norm`, whose
+operands, results and attributes cuda/common/all_reduce_rms_norm_ffi.h
+binds for both backends (`_abstract_eval` and `_ffi_attributes` here
+follow it). Per row:
 
   t = float32 sum of x over ranks in rank order (+ bias)
   with post_gamma: t = t * rsqrt(mean(t * t, -1) + eps) * post_gamma
@@ -22,14 +17,15 @@ The scale vectors arrive in float32 with scale_offset added (norm_math.
 scale_vector); rows fall into G groups of T / G rows, group g using row g of
 each vector (a vmap over stacked layers, `_batch`).
 
-Like all_reduce, the results no longer vary over the reduced axis. Paths:
+Like all_reduce, the results no longer vary over the reduced axis. The
+call's plan (ops/plan.py: plan_norm) picks the path `run_norm` carries out:
 the fused kernel; the pair (jax_ar.all_reduce of x, then jax_ar.rms_norm),
-which algorithm="auto" takes where the cost table predicts it faster; the
-"general" path (jax_ar.all_reduce of float32 x, then the rest in jnp) for
-shapes and dtype pairs the kernel does not take; and psum + jnp when jax_ar
-cannot serve the axis (algorithm="psum", a fallback communicator, a build
-without the fused target). Gradients (custom VJP) match the unfused
-composition; the FP8 output is not differentiable.
+which algorithm="auto" takes where the cost table predicts it faster; or
+"composed", an all-reduce of float32 x (jax_ar's, or jax.lax's where jax_ar
+cannot serve: algorithm="psum", a fallback communicator, a build without
+the fused target) and the rest in jnp, for shapes and dtype pairs the
+kernel does not take. Gradients (custom VJP) match the unfused composition;
+the FP8 output is not differentiable.
 """
 from __future__ import annotations
 
@@ -42,19 +38,17 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import batching
 
-from .. import _compat, _native, config, selection
+from .. import _compat, config
 from .._native import ALGORITHM_CODES
-from . import _call_order
 from ._axes import as_varying
-from ._primitive import collective_primitive, fallback_reason, log_fallback
-from .all_reduce import all_reduce_p, reduce_leaves
+from ._primitive import collective_primitive
+from .all_reduce import all_reduce_p, run_all_reduce
 from .norm_math import FP8_DTYPE, fused_reference, norm_tangent, quantize_fp8, widen
-from .rms_norm import kernel_takes_residual, module_serves, rms_norm_p, rms_norm_refuses
+from .rms_norm import rms_norm_p
 
-__all__ = ["all_reduce_rms_norm_p", "composed", "fused_or_composed"]
+__all__ = ["all_reduce_rms_norm_p", "run_norm"]
 
 TARGET = "jax_ar_all_reduce_rms_norm"
-_F32 = np.dtype(np.float32)
 
 _FP8_NOT_DIFFERENTIABLE = (
     "jax_ar.all_reduce_rms_norm with quant_scale (float8_e4m3fn output) is not differentiable: "
@@ -124,9 +118,9 @@ def _batch_per_member_scale(args, dims, size, *, axes, algorithm, comm_id, world
                             quantize):
     """A batch of FP8 scales: the kernel takes one, so each member's math
     runs as the general path (all_reduce of float32 x, then jnp), logged."""
-    config.log_once(("all_reduce_rms_norm", "per-member quant_scale"),
-                    "jax_ar: all_reduce_rms_norm under vmap with a quant_scale per batch member "
-                    "runs all_reduce + a separate norm")
+    config.report("jax_ar.all_reduce_rms_norm", axes, "jax_ar.all_reduce + a separate norm",
+                  config.Reason("a quant_scale per batch member under vmap",
+                                "share one quant_scale across the batch to fuse"))
 
     def member(x, residual, gamma, post_gamma, bias, scale):
         (total,) = all_reduce_p.bind(widen(x), axes=axes, op="sum",
@@ -271,37 +265,6 @@ def _pair(x, residual, gamma, *, reduce, eps):
     return out, residual_out
 
 
-def _kernel_refuses(x, residual, platform) -> str | None:
-    """Why the fused kernels (the compiled module's limits) do not take x's
-    rows and this residual, or None."""
-    limits = _native.limits(platform)
-    low, high = limits["fused_min_hidden"], limits["fused_max_hidden"]
-    hidden, itemsize = x.shape[-1], np.dtype(x.dtype).itemsize
-    vector = limits["vector_bytes"] // itemsize
-    if not low <= hidden <= high or hidden % vector:
-        return (f"hidden size {hidden} is not a multiple of {vector} in "
-                f"[{low}, {high}] for {np.dtype(x.dtype)}")
-    return kernel_takes_residual(x.dtype, residual.dtype)
-
-
-def _longest_row_key(x, residual) -> str:
-    """Which capacity bounds a row: a float32 residual beside 16-bit x takes
-    twice x's bytes through the workspace."""
-    wide = np.dtype(residual.dtype) == _F32 and np.dtype(x.dtype) != _F32
-    return "max_fused_row_bytes_f32_residual" if wide else "max_fused_row_bytes"
-
-
-def _pair_refuses(x, residual, post_gamma, bias, quantize, comm) -> str | None:
-    """Why the pair (all_reduce, then the rms_norm kernel) cannot stand in for
-    the fused kernel here, or None."""
-    if quantize or post_gamma is not None or bias is not None:
-        return "the pair has no FP8 output, post-norm or bias"
-    mesh = jax.sharding.get_abstract_mesh()
-    if set(getattr(mesh, "manual_axes", ())) != set(mesh.axis_names):
-        return "rms_norm's kernel call is partitioned where shard_map leaves axes automatic"
-    return rms_norm_refuses(comm.platform, x, residual)
-
-
 # ----------------------------------------------------------------------------
 # Which path serves a call.
 
@@ -314,54 +277,23 @@ def composed(x, residual, gamma, post_gamma, bias, scale, reduce, eps, quantize)
         else fn(x, residual, gamma, post_gamma, bias, scale)
 
 
-def fused_or_composed(x, residual, gamma, post_gamma, bias, scale, axes, comm, eps, algorithm,
-                      quantize):
+def run_norm(plan, x, residual, gamma, post_gamma, bias, scale, eps, quantize):
     """jax_ar.all_reduce_rms_norm of checked operands (gamma, post_gamma and
-    bias float32 [H], the latter two optional) over one mesh axis (`axes`,
-    served by `comm`): the fused kernel where it serves and pays, else the
-    same math composed of an all-reduce (jax_ar's, or psum where jax_ar
-    cannot serve) and the norm."""
-    def unfused(reduce):
+    bias float32 [H], the latter two optional) as `plan` (ops/plan.py:
+    plan_norm) says: the fused kernel, the pair, or composed."""
+    if plan.path != "fused":
+        def reduce(v):
+            return v if plan.reduce is None else run_all_reduce(plan.reduce, [v])[0]
+        if plan.path == "pair":
+            return _pair(x, residual, gamma, reduce=reduce, eps=eps)
         return composed(x, residual, gamma, post_gamma, bias, scale, reduce, eps, quantize)
-
-    psum = functools.partial(_call_order.in_chain, jax.lax.psum, axis_name=axes)
-    if algorithm == "psum":
-        return unfused(psum)
-    reason = fallback_reason(comm) or module_serves(comm.platform, TARGET)
-    if reason is not None:
-        log_fallback(comm, "all_reduce_rms_norm", axes[0], "psum", reason)
-        return unfused(psum)
-    jax_ar_reduce = lambda v: reduce_leaves([v], axes, "sum", "auto", comm)[0]  # noqa: E731
-
-    # A fused call carries as many whole rows per round through the
-    # workspace as fit (the handlers run several rounds for the rest); a row
-    # too long for one round takes the general path, whose all_reduce cuts
-    # anywhere.
-    reason = _kernel_refuses(x, residual, comm.platform) if x.size else "no elements"
-    row_bytes = x.shape[-1] * x.dtype.itemsize
-    if reason is None and row_bytes > comm.capacity_bytes(_longest_row_key(x, residual)):
-        reason = (f"one row of {row_bytes} bytes does not fit a round of the workspace "
-                  f"(workspace_bytes={comm.workspace_bytes}, {comm.world_size} ranks)")
-    if reason is None and algorithm == "auto":
-        pair_reason = _pair_refuses(x, residual, post_gamma, bias, quantize, comm)
-        candidates = ("fused_oneshot", "fused_twoshot") + (("composed",) if pair_reason is None
-                                                           else ())
-        path = selection.choose_norm_path(comm, x.size * x.dtype.itemsize, candidates)
-        if path == "composed":
-            return _pair(x, residual, gamma, reduce=jax_ar_reduce, eps=eps)
-        algorithm = path[len("fused_"):]
-    if reason is not None:
-        config.log_once(("all_reduce_rms_norm general", reason),
-                        f"jax_ar: all_reduce_rms_norm runs all_reduce + a separate norm: {reason}")
-        chosen = algorithm
-        return unfused(lambda v: reduce_leaves([v], axes, "sum", chosen, comm)[0])
-
+    comm, axes = plan.comm, (plan.comm.axis_name,)
     vma = _compat.check_vma_enabled()
     varies = lambda a: vma and bool(set(axes) & _compat.varying_axes(jax.typeof(a)))  # noqa: E731
     hidden = x.shape[-1]
     absent = jnp.zeros((0, hidden), jnp.float32)
     matrices = [absent if v is None else v.reshape(1, hidden) for v in (gamma, post_gamma, bias)]
-    call = _Call(axes=axes, algorithm=algorithm, comm_id=comm.comm_id,
+    call = _Call(axes=axes, algorithm=plan.kernel, comm_id=comm.comm_id,
                  world_size=comm.world_size, eps=eps, quantize=quantize, vma=vma,
                  varies=(varies(residual),) + tuple(varies(m) for m in matrices),
                  x_dtype=np.dtype(x.dtype))

@@ -14,7 +14,7 @@ all-reduce of its result dtype):
   first dimension sharded over the axis (N replicated; x's leading
   dimensions keep their sharding), and the per-shard program is the local
   product plus the all-reduce of the communicator set up for that axis
-  (psum where none serves, logged once). Its tangent is plain jnp, which XLA
+  (psum where none serves: the plan of that all-reduce says why). Its tangent is plain jnp, which XLA
   partitions itself (a row-parallel layer's transposes need no all-reduce).
 
 On CPU devices jax_ar's calls of one program must meet in the same order on
@@ -41,7 +41,8 @@ from .. import _compat, config
 from ..comm.communicator import describe_groups, find_communicator, mesh_groups
 from . import _call_order
 from ._axes import REDUCE_DTYPES
-from .all_reduce import lax_reduce, reduce_leaves
+from .all_reduce import run_all_reduce
+from .plan import not_serving, plan_all_reduce, plan_one_axis
 
 __all__ = ["check_result_dtype", "local_matmul_all_reduce", "matmul_all_reduce_p"]
 
@@ -80,14 +81,12 @@ def _global_dot(x, w, axis, precision, preferred_element_type):
                 _out_sharding(jax.typeof(x), axis) if explicit else None)
 
 
-def local_matmul_all_reduce(x, w, axes, comm, *, precision, preferred_element_type, algorithm):
-    """Inside shard_map: this rank's product, summed over `axes` by jax_ar
-    (by jax.lax.psum where `comm` is None: the devices are not known while
-    tracing, which communicator_for logged)."""
+def local_matmul_all_reduce(x, w, kinds, what, *, precision, preferred_element_type,
+                            algorithm):
+    """Inside shard_map: this rank's product, summed over the axes `kinds`
+    as the all-reduce's plan says."""
     y = _dot(x, w, precision, preferred_element_type)
-    if comm is None:
-        return lax_reduce(y, axes, "sum")
-    return reduce_leaves([y], axes, "sum", algorithm, comm)[0]
+    return run_all_reduce(plan_all_reduce(what, kinds, [y], "sum", algorithm), [y])[0]
 
 
 # ----------------------------------------------------------------------------
@@ -116,13 +115,15 @@ matmul_all_reduce_p.def_impl(lambda x, w, **params: _jitted_bind(**params)(x, w)
 
 def _communicator(mesh, axis):
     """The communicator that holds the devices of `axis` of the partitioned
-    mesh (in rank order), or (None, why)."""
+    mesh (in rank order) and serves calls, or (None, why not)."""
     groups = mesh_groups(mesh, axis)
     comm = find_communicator(axis, groups)
     if comm is None:
-        return None, (f"no communicator holds the devices {describe_groups(groups)} of axis "
-                      f"{axis!r} (call jax_ar.setup(mesh, {axis!r}))")
-    return comm, None
+        return None, config.Reason(f"no communicator holds the devices "
+                                   f"{describe_groups(groups)} of axis {axis!r}",
+                                   f"call jax_ar.setup(mesh, {axis!r}) before tracing")
+    why = not_serving(comm)
+    return (None, config.Reason(why, "jax_ar.setup logged why")) if why else (comm, None)
 
 
 def _specs(axis, x_shape):
@@ -145,19 +146,13 @@ def _partition(axis, precision, preferred_element_type, algorithm, mesh, arg_sha
     del result_shape
     arg_shardings, out_shardings = _shardings(axis, mesh, arg_shapes)
     comm, reason = _communicator(mesh, axis)
-    if comm is not None and not comm.serves_calls:
-        comm, reason = None, comm.fallback_reason or "the communicator is closed"
-    if comm is None:
-        config.log_once(("matmul_all_reduce psum", reason),
-                        f"jax_ar: matmul_all_reduce over {axis!r} sums with psum: {reason}")
 
     def lower_fn(x, w, after):
         y = _dot(x, w, precision, preferred_element_type)
         (y,) = _call_order.after([y], after)  # CPU: not before the previous jax_ar call
-        if comm is None:
-            y = jax.lax.psum(y, axis)
-        else:
-            y = reduce_leaves([y], (axis,), "sum", algorithm, comm)[0]
+        plan = plan_one_axis("jax_ar.matmul_all_reduce", axis, comm, [y], "sum", algorithm,
+                             reason)
+        (y,) = run_all_reduce(plan, [y])
         (done,) = _call_order.after([jnp.zeros((), jnp.float32)], y)  # exists once y does
         return y, done
 
@@ -227,9 +222,9 @@ def _batch(args, dims, **params):
     if w_dim is not None:
         # A weight per batch member is not one row-parallel product: XLA's
         # own ops (it partitions them itself).
-        config.log_once(("matmul_all_reduce", "per-member w"),
-                        "jax_ar: matmul_all_reduce under vmap with a weight per batch member "
-                        "lowers to XLA's own ops")
+        config.report("jax_ar.matmul_all_reduce", params["axis"], "XLA's own ops",
+                      config.Reason("a weight per batch member under vmap",
+                                    "share one weight across the batch to use jax_ar"))
         dot = functools.partial(_global_dot, axis=params["axis"], precision=params["precision"],
                                 preferred_element_type=params["preferred_element_type"])
         return jax.vmap(dot, in_axes=(x_dim, w_dim))(x, w), 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._axes import communicator_for
-from ._primitive import collective_primitive, fallback_reason
+from ._primitive import collective_primitive
+from .plan import not_serving
 
 __all__ = ["STAGES", "protocol_probe"]
 
@@ -45,7 +46,7 @@ def protocol_probe(x, axis_name: str, stage: str):
     if comm is None:
         raise ValueError(f"{what}: the devices of axis {axis_name!r} are not known while tracing "
                          "(shard_map over a concrete mesh)")
-    reason = fallback_reason(comm) or (None if comm.platform == "gpu" else
+    reason = not_serving(comm) or (None if comm.platform == "gpu" else
                                        f"the probe is the CUDA backend's ({comm.platform})")
     if reason:
         raise ValueError(f"{what}: cannot run over {axis_name!r}: {reason}")

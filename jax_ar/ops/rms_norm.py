@@ -33,24 +33,15 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _compat, _native, config
+from ..config import Reason
 from .norm_math import norm_tangent, reference
 
-__all__ = ["SUPPORTED_DTYPES", "kernel_takes_residual", "module_serves", "rms_norm_p",
-           "rms_norm_refuses"]
+__all__ = ["SUPPORTED_DTYPES", "fused_refuses", "kernel_takes_residual", "module_serves",
+           "pair_refuses", "rms_norm_p", "rms_norm_refuses"]
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
 _F32 = np.dtype(np.float32)
-
-
-def kernel_takes_residual(x_dtype, residual_dtype) -> str | None:
-    """Why the norm kernels (both backends, both norms) do not take a
-    residual of this dtype beside x, or None: they read it in x's dtype or
-    in float32 (a float32 residual stream beside 16-bit activations)."""
-    x_dtype, residual_dtype = np.dtype(x_dtype), np.dtype(residual_dtype)
-    if residual_dtype in (x_dtype, _F32):
-        return None
-    return (f"the kernels read the residual in x's dtype or float32, not {residual_dtype} "
-            f"beside {x_dtype}")
+_NORM_TODO = "docs/rms_norm.md lists the rows and dtypes the kernels take"
 
 
 # Operands: (x, gamma) or (x, residual, gamma) -- the FFI targets' order.
@@ -96,6 +87,39 @@ def _target(num_operands) -> str:
     return "jax_ar_add_rms_norm" if num_operands == 3 else "jax_ar_rms_norm"
 
 
+def _kernel_lowering(platform):
+    def rule(ctx, *args, eps):
+        target = _target(len(args))
+        residual = ctx.avals_in[1] if len(args) == 3 else None
+        reason = rms_norm_refuses(platform, ctx.avals_in[0], residual)
+        if reason is not None:
+            config.report("jax_ar.rms_norm", None, f"XLA's own ops on {platform}",
+                          Reason(reason, _NORM_TODO))
+            return mlir.lower_fun(_reference_from_operands, multiple_results=True)(
+                ctx, *args, eps=eps)
+        return jax.ffi.ffi_lowering(target)(ctx, *args, eps=np.float32(eps))
+    return rule
+
+
+mlir.register_lowering(_kernel_p, mlir.lower_fun(_reference_from_operands, multiple_results=True))
+mlir.register_lowering(_kernel_p, _kernel_lowering("cpu"), platform="cpu")
+mlir.register_lowering(_kernel_p, _kernel_lowering("gpu"), platform="cuda")
+
+
+# ----------------------------------------------------------------------------
+# What the kernels take: asked by the plans (ops/plan.py) and by the lowering.
+
+def kernel_takes_residual(x_dtype, residual_dtype) -> str | None:
+    """Why the norm kernels (both backends, both norms) do not take a
+    residual of this dtype beside x, or None: they read it in x's dtype or
+    in float32 (a float32 residual stream beside 16-bit activations)."""
+    x_dtype, residual_dtype = np.dtype(x_dtype), np.dtype(residual_dtype)
+    if residual_dtype in (x_dtype, _F32):
+        return None
+    return (f"the kernels read the residual in x's dtype or float32, not {residual_dtype} "
+            f"beside {x_dtype}")
+
+
 def _cuda_serves(aval) -> str | None:
     """Why the CUDA kernel cannot serve rows like `aval`'s, or None."""
     # The kernel loads 16-byte vectors and keeps a row in registers: the
@@ -113,8 +137,8 @@ def _cuda_serves(aval) -> str | None:
 
 def rms_norm_refuses(platform, x, residual=None) -> str | None:
     """Why rms_norm's kernel of `platform` would not serve x (and residual),
-    or None: what `_kernel_lowering` decides, asked before tracing (the
-    pair all_reduce_rms_norm may choose)."""
+    or None: what `_kernel_lowering` decides, and what all_reduce_rms_norm's
+    plan asks before it takes the pair."""
     reason = module_serves(platform, _target(2 if residual is None else 3))
     if reason is None and residual is not None:
         reason = kernel_takes_residual(x.dtype, residual.dtype)
@@ -126,7 +150,7 @@ def rms_norm_refuses(platform, x, residual=None) -> str | None:
 def module_serves(platform, target) -> str | None:
     """Why the compiled module of `platform` cannot run `target`, or None."""
     try:
-        targets = _registered_targets(platform)
+        targets = _native.targets(platform)
     except RuntimeError as e:
         return str(e)
     if target not in targets:
@@ -134,32 +158,40 @@ def module_serves(platform, target) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _registered_targets(platform) -> frozenset:
-    """FFI targets of `platform`'s module, registered with XLA on first use."""
-    return frozenset(_native.backend_module(platform).registrations())
+def fused_refuses(x, residual, comm) -> Reason | None:
+    """Why the fused kernels (the compiled module's limits and its
+    workspace rounds) do not take x's rows and this residual, or None."""
+    limits = _native.limits(comm.platform)
+    low, high = limits["fused_min_hidden"], limits["fused_max_hidden"]
+    hidden, itemsize = x.shape[-1], np.dtype(x.dtype).itemsize
+    vector = limits["vector_bytes"] // itemsize
+    if not low <= hidden <= high or hidden % vector:
+        return Reason(f"hidden size {hidden} is not a multiple of {vector} in [{low}, {high}] "
+                      f"for {np.dtype(x.dtype)}", "pad the hidden dimension")
+    residual_refused = kernel_takes_residual(x.dtype, residual.dtype)
+    if residual_refused:
+        return Reason(residual_refused, "cast the residual to x's dtype or float32")
+    # A float32 residual beside 16-bit x takes twice x's bytes through the workspace.
+    wide = np.dtype(residual.dtype) == _F32 and np.dtype(x.dtype) != _F32
+    row_bytes = hidden * itemsize
+    longest = comm.capacity_bytes("max_fused_row_bytes_f32_residual" if wide
+                                  else "max_fused_row_bytes")
+    if row_bytes > longest:
+        return Reason(f"one row of {row_bytes} bytes does not fit a round of the workspace "
+                      f"(workspace_bytes={comm.workspace_bytes}, {comm.world_size} ranks)",
+                      "pass a larger workspace_bytes to jax_ar.setup")
+    return None
 
 
-def _kernel_lowering(platform):
-    def rule(ctx, *args, eps):
-        target = _target(len(args))
-        reason = module_serves(platform, target)
-        if reason is None and len(args) == 3:
-            reason = kernel_takes_residual(ctx.avals_in[0].dtype, ctx.avals_in[1].dtype)
-        if reason is None and platform == "gpu":
-            reason = _cuda_serves(ctx.avals_in[0])
-        if reason is not None:
-            config.log_once(("rms_norm", platform, reason),
-                            f"jax_ar: rms_norm lowers to XLA's own ops on {platform}: {reason}")
-            return mlir.lower_fun(_reference_from_operands, multiple_results=True)(
-                ctx, *args, eps=eps)
-        return jax.ffi.ffi_lowering(target)(ctx, *args, eps=np.float32(eps))
-    return rule
-
-
-mlir.register_lowering(_kernel_p, mlir.lower_fun(_reference_from_operands, multiple_results=True))
-mlir.register_lowering(_kernel_p, _kernel_lowering("cpu"), platform="cpu")
-mlir.register_lowering(_kernel_p, _kernel_lowering("gpu"), platform="cuda")
+def pair_refuses(x, residual, extras, quantize, comm) -> str | None:
+    """Why the pair (all_reduce, then the rms_norm kernel) cannot stand in
+    for the fused kernel here, or None."""
+    if quantize or extras:
+        return "the pair has no FP8 output, post-norm or bias"
+    mesh = jax.sharding.get_abstract_mesh()
+    if set(getattr(mesh, "manual_axes", ())) != set(mesh.axis_names):
+        return "rms_norm's kernel call is partitioned where shard_map leaves axes automatic"
+    return rms_norm_refuses(comm.platform, x, residual)
 
 
 # ----------------------------------------------------------------------------
@@ -238,9 +270,9 @@ def _batch(args, dims, *, eps):
     if dims[-1] is not None:
         # A batch of gammas: rows no longer share one gamma; XLA's own ops
         # serve it, gamma broadcast over each batch member's rows.
-        config.log_once(("rms_norm", "per-member gamma"),
-                        "jax_ar: rms_norm under vmap with a gamma per batch member lowers to "
-                        "XLA's own ops")
+        config.report("jax_ar.rms_norm", None, "XLA's own ops",
+                      Reason("a gamma per batch member under vmap",
+                             "share one gamma across the batch to use the kernel"))
         x = moved[0] if moved[0] is not None else jnp.broadcast_to(args[0], (size,) + args[0].shape)
         gamma = moved[-1].reshape((size,) + (1,) * (x.ndim - 2) + moved[-1].shape[-1:])
         residual = None

@@ -18,7 +18,6 @@ to="invarying")).
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 import jax
@@ -27,16 +26,11 @@ from jax.interpreters import ad, batching
 
 from .. import _compat
 from .._native import OP_CODES
-from ._axes import REDUCE_DTYPES, as_varying
-from ._primitive import collective_primitive, fallback_reason, log_fallback
+from ._axes import as_varying
+from ._primitive import collective_primitive
 
-__all__ = ["GATHER_DTYPES", "all_gather_leaf", "all_gather_p", "gather_rows",
-           "reduce_scatter_leaf", "reduce_scatter_p", "scatter_rows"]
-
-# All-gather only moves bytes, so it takes more dtypes than the reductions.
-GATHER_DTYPES = REDUCE_DTYPES + tuple(np.dtype(t) for t in (
-    np.int8, np.uint8, np.bool_, np.int16, np.uint16, np.uint32, np.int64, np.uint64,
-    np.float64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2))
+__all__ = ["all_gather_leaf", "all_gather_p", "gather_rows", "reduce_scatter_leaf",
+           "reduce_scatter_p", "scatter_rows"]
 
 
 # ----------------------------------------------------------------------------
@@ -106,11 +100,8 @@ def scatter_rows(x, axis_name, op, comm):
 
 def reduce_scatter_leaf(leaf, axis, dimension, tiled, comm):
     """jax.lax.psum_scatter(leaf, axis, scatter_dimension=dimension,
-    tiled=tiled) through jax_ar's kernel (arguments already checked)."""
-    reason = fallback_reason(comm)
-    if reason is not None:
-        log_fallback(comm, "reduce_scatter", axis, "jax.lax.psum_scatter", reason)
-        return jax.lax.psum_scatter(leaf, axis, scatter_dimension=dimension, tiled=tiled)
+    tiled=tiled) through jax_ar's kernel (arguments checked, the plan made:
+    `comm` serves)."""
     if _compat.check_vma_enabled():
         leaf = as_varying(leaf, (axis,))
     rows = jnp.moveaxis(leaf, dimension, 0)
@@ -190,11 +181,8 @@ def gather_rows(x, axis_name, comm, invariant):
 
 def all_gather_leaf(leaf, axis, dimension, tiled, to, comm):
     """jax.lax.all_gather(leaf, axis, axis=dimension, tiled=tiled, to=to)
-    through jax_ar's kernel (arguments already checked)."""
-    reason = fallback_reason(comm)
-    if reason is not None:
-        log_fallback(comm, "all_gather", axis, "jax.lax.all_gather", reason)
-        return jax.lax.all_gather(leaf, axis, axis=dimension, tiled=tiled, to=to)
+    through jax_ar's kernel (arguments checked, the plan made: `comm`
+    serves)."""
     if _compat.check_vma_enabled():
         leaf = as_varying(leaf, (axis,))
     rows = gather_rows(leaf, axis, comm, invariant=to == "invarying")

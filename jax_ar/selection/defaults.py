@@ -2,7 +2,7 @@
 `python -m jax_ar tune` has not measured."""
 from __future__ import annotations
 
-from .table import CostCurve, Table
+from .table import CostCurve, Segment, Table
 
 __all__ = ["default_table"]
 
@@ -15,11 +15,30 @@ __all__ = ["default_table"]
 # traffic grows with n-1 peers, two-shot's and NCCL's ring with 2(n-1)/n, as
 # published for NCCL; every fixed cost grows by about 1 us per rank (one
 # more peer to signal and wait for), keeping their order at every n.
+# twoshot_ll, the two-shot over LL packets: no fence and no flag round per
+# block, but 16 bytes moved per 8 of data. Not measured apart yet (the CUDA
+# handler used to choose it by size alone), so its shipped curve reproduces
+# that rule: two-shot's line a hair (_LL_EDGE_US) cheaper up to
+# _TWO_SHOT_LL_MAX_BYTES per call, then twice as steep as two-shot's
+# (the packets' cost per byte) and above it. `tune` fits it from the calls
+# that ran it.
+_TWO_SHOT_LL_MAX_BYTES = 1 << 20
+_LL_EDGE_US = 0.01
+
+
+def _two_shot_ll(latency: float, us_per_mb: float) -> CostCurve:
+    edge_us = us_per_mb * _TWO_SHOT_LL_MAX_BYTES / 1e6
+    return CostCurve((Segment(_TWO_SHOT_LL_MAX_BYTES, latency - _LL_EDGE_US, us_per_mb),
+                      Segment(None, latency + _LL_EDGE_US - edge_us, 2 * us_per_mb)))
+
+
 def _gpu_defaults(n: int) -> dict:
     ring = 2 * (n - 1) / n
+    two_shot_latency, two_shot_slope = 12.0 + 1.0 * n, 3.7 * ring
     return {
         "oneshot": CostCurve.linear(8.0 + 0.6 * n, 20.0 * (n - 1)),
-        "twoshot": CostCurve.linear(12.0 + 1.0 * n, 3.7 * ring),
+        "twoshot_ll": _two_shot_ll(two_shot_latency, two_shot_slope),
+        "twoshot": CostCurve.linear(two_shot_latency, two_shot_slope),
         "psum": CostCurve.linear(17.0 + 1.0 * n, 4.0 * ring),
         **_gpu_norm_defaults(n),
     }

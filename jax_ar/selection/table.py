@@ -1,16 +1,18 @@
-"""The algorithm table: cost curves per algorithm, its JSON file, and where it lives.
+"""The algorithm table: cost curves per kernel, its JSON file, and where it lives.
 
 A table serves one (platform, device kind, world size). Each all-reduce
-algorithm (ALGORITHMS) has a cost curve for one protocol round; each path of
+kernel of the platform (kernel_curves: oneshot, twoshot, psum, and on CUDA
+twoshot_ll) has a cost curve for one protocol round; each path of
 all_reduce_rms_norm (NORM_PATHS: the fused kernel with either protocol, and
 "composed", jax_ar.all_reduce then jax_ar.rms_norm) a curve for a whole call
 of that many bytes of x. A curve is piecewise-linear segments, each valid up
 to some message size, predicting latency_us + us_per_mb * bytes / 1e6.
-`python -m jax_ar tune` measures and writes one; selection.py reads it.
+`python -m jax_ar tune` measures and writes one; cost_model.py reads it.
 
-Schema 2 has every curve; a schema 1 file (all-reduce curves only, from
-before the norm paths were selected) still loads: its all-reduce curves are
-used and the norm paths keep the shipped defaults (cost_model.table_for).
+Schema 3 has every curve; older files still load, the curves they lack
+taking the shipped defaults (cost_model.table_for): schema 2 has no
+twoshot_ll (the CUDA handler chose it by size then), schema 1 no norm paths
+either.
 
 Lookup order for a communicator: the file named by JAX_AR_TABLE (or the
 shipped defaults when JAX_AR_TABLE=default), else the tuned file in the cache
@@ -38,19 +40,29 @@ __all__ = [
     "Table",
     "TableError",
     "cache_dir",
+    "kernel_curves",
     "load_table",
     "table_path",
     "table_to_json",
 ]
 
 SCHEMA = "jax_ar.algorithm_table"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ALGORITHMS = ("oneshot", "twoshot", "psum")
 NORM_PATHS = ("fused_oneshot", "fused_twoshot", "composed")
 CURVES = ALGORITHMS + NORM_PATHS
-# The curves each schema version holds (older versions still load).
-_SCHEMA_CURVES = {1: ALGORITHMS, 2: CURVES}
 TABLE_ENV = "JAX_AR_TABLE"
+
+
+def kernel_curves(platform: str) -> tuple:
+    """The all-reduce kernels of `platform` with a curve, in the order the
+    cost model breaks ties: CUDA has the two-shot over LL packets too."""
+    return ("oneshot", "twoshot_ll", "twoshot", "psum") if platform == "gpu" else ALGORITHMS
+
+
+def _schema_curves(version: int, platform: str) -> tuple:
+    """The curves a file of schema `version` holds (older versions still load)."""
+    return {1: ALGORITHMS, 2: CURVES}.get(version, kernel_curves(platform) + NORM_PATHS)
 
 
 class TableError(ValueError):
@@ -119,7 +131,8 @@ class Table:
     def completed_by(self, defaults: "Table") -> "Table":
         """This table with the curves it lacks (an older schema's file)
         taken from `defaults`, and its source saying so."""
-        missing = [name for name in CURVES if name not in self.curves]
+        missing = [name for name in _schema_curves(SCHEMA_VERSION, self.platform)
+                   if name not in self.curves]
         if not missing:
             return self
         curves = dict(self.curves, **{name: defaults.curves[name] for name in missing})
@@ -182,16 +195,16 @@ def load_table(path: str, platform: str, device_kind: str, world_size: int,
                f"expected {SCHEMA!r})")
     schema_version = doc.get("schema_version")
     if isinstance(schema_version, bool) or not isinstance(schema_version, int) or \
-            schema_version not in _SCHEMA_CURVES:
+            not 1 <= schema_version <= SCHEMA_VERSION:
         reject(f"has schema_version={schema_version!r}; this jax_ar reads "
-               f"{sorted(_SCHEMA_CURVES)}")
+               f"{list(range(1, SCHEMA_VERSION + 1))}")
     expected = {"jax_ar_version": version, "platform": platform, "device_kind": device_kind,
                 "world_size": world_size}
     for field, want in expected.items():
         if doc.get(field) != want:
             reject(f"was made for {field}={doc.get(field)!r}, but this run has "
                    f"{field}={want!r}")
-    names = _SCHEMA_CURVES[schema_version]
+    names = _schema_curves(schema_version, platform)
     algorithms = doc.get("algorithms")
     if not isinstance(algorithms, dict) or set(algorithms) != set(names):
         reject(f"must give cost curves for exactly {list(names)} (schema "

@@ -198,8 +198,9 @@ def format_table(doc: dict) -> str:
         if previous is not None and group[:2] != previous[:2]:
             lines.append("#")
         previous = group
-        picked = picks.get(str(r["bytes"])) == r["algorithm"] and r["status"] == "ok"
-        name = r["algorithm"] + ("*" if picked else "")
+        label = r.get("kernel") or r["algorithm"]  # the kernel that ran, where one was chosen
+        picked = picks.get(str(r["bytes"])) == label and r["status"] == "ok"
+        name = label + ("*" if picked else "")
         head = (f"  {r['bytes']:>10} {r['count']:>10} {r['dtype']:>9} {r['op']:>8} "
                 f"{name:>16}")
         if r["status"] != "ok":

@@ -144,6 +144,10 @@ class Runner:
             itemsize = data.DTYPES[case["dtype"]].itemsize
             count = self.comm.capacity_bytes(case["at_capacity"]) // itemsize
             result.update(count=count, bytes=count * itemsize)
+        if case["op"] != "rms_norm" and algorithm in ("oneshot", "twoshot"):
+            # The kernel that runs (on CUDA "twoshot" is its LL or plain kernel).
+            result["kernel"] = selection.choose_kernel(self.comm, algorithm,
+                                                       _packed(result["bytes"]))
         program, args, chain, check = self._prepare(result)
         try:
             compiled = self._compile(program, args, algorithm, chain)
@@ -203,7 +207,8 @@ class Runner:
         picks = {}
         for nbytes in sorted(set(sizes)):
             picks[str(nbytes)] = ("psum" if not self.comm.serves_calls else
-                                  override or selection.choose_for(self.comm, nbytes))
+                                  selection.choose_kernel(self.comm, override or "auto",
+                                                          _packed(nbytes)))
         try:
             table = selection.table_for(self.comm.platform, self.device_kind, self.world).source
         except selection.TableError as e:
@@ -220,7 +225,8 @@ class Runner:
             "jax": jax.__version__,
             "jax_ar": jax_ar.__version__,
             "workspace_bytes": self.comm.workspace_bytes,
-            "capacity_bytes": {a: self.comm.capacity_bytes(a) for a in ("oneshot", "twoshot")},
+            "capacity_bytes": {a: self.comm.capacity_bytes(a) for a in
+                               selection.candidates_for(self.comm.platform, psum=False)},
             "serves_calls": self.comm.serves_calls,
             "fallback_reason": self.comm.fallback_reason,
             "host": host_platform.node(),
@@ -230,6 +236,11 @@ class Runner:
             "python": host_platform.python_version(),
         }
         return info
+
+
+def _packed(nbytes: int) -> int:
+    """What one array of `nbytes` takes in a call: whole 16-byte vectors."""
+    return -(-nbytes // 16) * 16
 
 
 def _load_average():

@@ -1,7 +1,8 @@
 """python -m jax_ar tune: measure this machine and write its algorithm table.
 
 Times oneshot, twoshot and psum (float32 sum) across sizes with the same
-ranks and method as `bench`, fits one cost curve per algorithm and writes
+ranks and method as `bench`, fits one cost curve per kernel (as the rows
+that ran it: on CUDA "twoshot" runs twoshot_ll or the plain two-shot) and writes
 the table as JSON to --out, else $JAX_AR_TABLE, else the cache directory
 (selection.table.table_path: keyed by platform, device kind and world size), where
 later runs find it. The curve of jax_ar's kernels describes one workspace
@@ -151,18 +152,18 @@ def _summary(table: Table, capacity: dict, measured: dict) -> str:
     lines.append("#")
     lines.append(_norm_summary(table, measured))
     lines.append("#")
-    lines.append(f"# {'size':>10} " + " ".join(f"{a + ' us':>22}" for a in selection.CANDIDATES)
-                 + f" {'pick':>8}")
-    lines.append(f"# {'':>10} " + " ".join(f"{'measured / predicted':>22}"
-                                            for _ in selection.CANDIDATES))
-    for size in sorted({b for a in selection.CANDIDATES for b, _ in measured.get(a, [])}):
-        predicted = selection.predict_all(table, size, lambda a: capacity[a])
+    kernels = selection.candidates_for(table.platform)
+    lines.append(f"# {'size':>10} " + " ".join(f"{a + ' us':>22}" for a in kernels)
+                 + f" {'pick':>10}")
+    lines.append(f"# {'':>10} " + " ".join(f"{'measured / predicted':>22}" for _ in kernels))
+    for size in sorted({b for a in kernels for b, _ in measured.get(a, [])}):
+        predicted = selection.predict_all(table, size, capacity.get)
         cells = []
-        for a in selection.CANDIDATES:
+        for a in kernels:
             got = dict(measured.get(a, [])).get(size)
             cells.append(f"{(f'{got:.1f}' if got else '-'):>10} / {predicted[a]:<9.1f}")
-        pick = min(selection.CANDIDATES, key=lambda a: predicted[a])
-        lines.append(f"  {size:>10} " + " ".join(cells) + f" {pick:>8}")
+        pick = min(kernels, key=lambda a: predicted[a])
+        lines.append(f"  {size:>10} " + " ".join(cells) + f" {pick:>10}")
     return "\n".join(lines)
 
 
@@ -241,17 +242,17 @@ def main(argv=None) -> int:
     capacity = machine["capacity_bytes"]
     defaults_table = selection.default_table(platform, kind, world)
     measured, curves, notes = {}, {}, {}
-    for algorithm in selection.CANDIDATES:
+    for algorithm in selection.candidates_for(platform):  # each kernel, as the rows that ran it
         points = [(r["bytes"], r["time_us"]) for r in results
-                  if r["algorithm"] == algorithm and r["op"] != "rms_norm"
+                  if (r.get("kernel") or r["algorithm"]) == algorithm and r["op"] != "rms_norm"
                   and r["status"] == "ok"]
         measured[algorithm] = points
         usable = [p for p in points if algorithm == "psum" or p[0] <= capacity[algorithm]]
         if len(usable) >= 2:
             curves[algorithm] = fit_curve(usable)
         else:
-            why = next((r["status"] for r in results if r["algorithm"] == algorithm
-                        and r["status"] != "ok"), "too few sizes measured")
+            why = next((r["status"] for r in results if (r.get("kernel") or r["algorithm"])
+                        == algorithm and r["status"] != "ok"), "too few sizes measured")
             curves[algorithm] = defaults_table.curves[algorithm]
             notes[algorithm] = f"not measured ({why}); shipped default kept"
     for name, variant in NORM_VARIANTS.items():  # whole calls: no rounds to cut at

@@ -227,7 +227,7 @@ def suite_fused(mesh):
                             (jax.ShapeDtypeStruct(xs.shape, out_dtype),
                              jax.ShapeDtypeStruct(r.shape, r.dtype)))(
                             xs, r, g, pg, b, sc, comm_id=np.int64(comm.comm_id),
-                            algorithm=np.int32({"oneshot": 1, "twoshot": 2}[algorithm]),
+                            algorithm=np.int32(_native.ALGORITHM_CODES[algorithm]),
                             eps=np.float32(eps), quantize=np.int32(quantize))
 
                     vectors = [v for v, on in ((post_gamma, post), (bias, with_bias)) if on]

@@ -1,12 +1,14 @@
 """One rank of the all_reduce tests. Usage: ops_all_reduce.py SUITE [SUITE...]
 
 Suites: values, specials, pytree, grad, vmap, repeat, the forms jax.lax
-takes (lax_scalars, lax_forms, vmap_axes), donate, error_names, bad_input.
+takes (lax_scalars, lax_forms, vmap_axes), donate, error_names, bad_input,
+fallback_warnings, kernel_codes.
 Every result is compared bit for bit with the emulated reduction order (or
 a numpy reference), checked against a float64 reference, and compared
 across processes; the lax forms also against jax.lax's results (CPU) and
 types.
 """
+import logging
 import os
 
 import jax
@@ -555,6 +557,89 @@ def suite_bad_input(mesh, comm):
     expect_error(ValueError, "not an axis", lambda: jax_ar.setup(mesh, "dp"))
     expect_error(ValueError, "workspace_bytes", lambda: jax_ar.setup(mesh, "tp", workspace_bytes=10))
     log("bad_input: ok")
+
+
+class _Levels(logging.Handler):
+    """(level, message) of every record of the "jax_ar" logger."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.seen = []
+
+    def emit(self, record):
+        self.seen.append((record.levelno, record.getMessage()))
+
+
+def suite_fallback_warnings(mesh, comm):
+    """A fallback that costs speed warns once per reason and call site,
+    naming the reason and what to do; an axis of size 1 and constants stay
+    quiet (DEBUG); JAX_AR_LOG=error (the logger's level) silences warnings."""
+    n = comm.world_size
+    handler, logger = _Levels(), jax_ar.config.logger
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+
+    def run(fn, x, out_specs=P()):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("tp"),
+                                     out_specs=out_specs))(global_array(x, mesh, P("tp")))
+
+    def warnings(fragment):
+        return [m for lv, m in handler.seen if lv == logging.WARNING and fragment in m]
+
+    try:
+        for size in (4, 5, 6):  # three traces of one call site
+            x = np.ones((n * size,), np.int8)
+            run(lambda v: jax_ar.all_reduce(v, "tp"), x)
+        found = warnings("do not take int8")
+        assert len(found) == 1, handler.seen
+        assert "jax.lax.psum" in found[0] and "cast to" in found[0] and \
+            "ops_all_reduce.py:" in found[0], found
+        # Another call site of the same fallback says so again, once.
+        run(lambda v: jax_ar.all_reduce(v, "tp", op="max"), np.ones((n * 4,), np.int8))
+        assert len(warnings("do not take int8")) == 2, handler.seen
+
+        # Nothing exchanged: a size-1 axis, a constant, an empty array.
+        before = len(handler.seen)
+        wide = jax.sharding.Mesh(mesh.devices.reshape(1, n), ("one", "tp"))
+        x = np.arange(n * 4, dtype=np.float32)
+        jax.jit(jax.shard_map(
+            lambda v: (jax_ar.all_reduce(v, "one"), jax_ar.all_reduce(3.0, "tp"),
+                       jax_ar.all_reduce(v[:0], "tp")),
+            mesh=wide, in_specs=P("tp"), out_specs=(P("tp"), P(), P())))(
+                global_array(x, wide, P("tp")))
+        quiet = handler.seen[before:]
+        assert quiet and all(lv == logging.DEBUG for lv, _ in quiet), quiet
+        assert any("size-1" in m for _, m in quiet) and any("not traced" in m for _, m in quiet)
+
+        # JAX_AR_LOG=error: the logger's level drops the warnings.
+        logger.setLevel(logging.ERROR)
+        before = len(handler.seen)
+        run(lambda v: jax_ar.all_reduce(v, "tp"), np.ones((n * 4,), np.uint32))
+        assert len(handler.seen) == before, handler.seen[before:]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    log("fallback_warnings: ok")
+
+
+def suite_kernel_codes(mesh, comm):
+    """The algorithm attribute names the kernel the handler runs, in the
+    compiled module's numbering; the CPU module has no LL two-shot and says
+    so (its plans never send it)."""
+    assert jax_ar._native.ALGORITHM_CODES == {"oneshot": 1, "twoshot": 2, "twoshot_ll": 3}
+    if ON_GPU:
+        raise SuiteSkipped("the CUDA handler runs every code")
+    x = global_array(np.ones((comm.world_size * 4,), np.float32), mesh, P("tp"))
+
+    def body(v):
+        return jax.ffi.ffi_call("jax_ar_all_reduce", jax.ShapeDtypeStruct(v.shape, v.dtype))(
+            v, comm_id=np.int64(comm.comm_id), op=np.int32(0), algorithm=np.int32(3))
+
+    expect_error(Exception, "algorithm 3 (twoshot_ll", lambda: jax.block_until_ready(jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
+                      check_vma=False))(x)))
+    log("kernel_codes: ok")
 
 
 SUITES = suites_in(globals())

@@ -90,8 +90,8 @@ def suite_hosts(mesh, per_host):
             column = [parts[k * per_node + r % per_node] for k in range(mesh.devices.shape[0])]
             assert_bitwise_equal(got, emulate_all_reduce(column, "sum"), f"fallback node, rank {r}")
         assert len(setup_fallbacks()) == 1, RECORDS.messages
-        for fragment in ("all_reduce over 'node' lowers to psum",
-                         "all_reduce over ('node', 'local') lowers to psum"):
+        for fragment in ("all_reduce over 'node' lowers to jax.lax.psum",
+                         "all_reduce over ('node', 'local') lowers to jax.lax.psum"):
             assert sum(fragment in m for m in RECORDS.messages) == 1, (fragment, RECORDS.messages)
     inside = jax_ar.setup(mesh, "local")
     assert inside.serves_calls, inside
