@@ -104,6 +104,7 @@ def test_program_runs_as_printed(index, tmp_path):
             for rank in range(2):
                 assert f"process {rank}: all_reduce == psum" in result.logs[rank], \
                     format_failure(result)
+                assert "served by jax_ar" in result.logs[rank], format_failure(result)
         # A normal run ends quietly: jax.distributed is shut down in order, so
         # neither gRPC nor absl has anything to say, even in the raw output.
         for rank in range(2):
@@ -112,9 +113,23 @@ def test_program_runs_as_printed(index, tmp_path):
                 assert noise not in raw, raw
 
 
-def test_error_example_catches_a_peer_that_skips_its_call(tmp_path):
-    import os
+def test_use_example_on_one_device_says_jax_ar_did_not_run(tmp_path):
+    """`python tp.py` (one process, one device): psum serves the call, and
+    the program says so and how to run it instead, rather than only
+    "all_reduce == psum"."""
+    use = PROGRAMS[0][:1]
+    assert "all_reduce == psum" in use[0][1], "README's first program is no longer Use's"
+    path = tmp_path / "tp.py"
+    path.write_text(source(use))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=dict(env, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "process 0: all_reduce == psum, (8, 32), served by psum, not by jax_ar" in proc.stdout
+    assert "python -m jax_ar launch -n 2 tp.py" in proc.stdout, proc.stdout
 
+
+def test_error_example_catches_a_peer_that_skips_its_call(tmp_path):
     program = next(p for p in PROGRAMS if any("jax_ar.checked(" in code for _, code in p))
     env = dict(os.environ, JAX_AR_TIMEOUT_S="2")
     result = run_program(program, tmp_path, skipping="jax_ar.checked(", env=env)
