@@ -57,22 +57,34 @@ def _gpu_norm_defaults(n: int) -> dict:
 
 
 # CPU devices: ranks are processes copying through POSIX shared memory; psum
-# goes through gloo over localhost TCP. Fitted to `python -m jax_ar bench`
-# (float32 sum, 1K-1M, plus -b 2M -e 8M) at 2 and 4 ranks on the project's
-# 2-core VM, 10 runs each, 2026-12-01 (docs/benchmarks.md): (latency us,
-# us/MB) per round at 2 and at 4 ranks. The slopes come from the large
-# sizes; the latencies put the one-shot/two-shot crossover where the median
-# ratio of the two within a run changes side (between 4K and 8K at 2 ranks,
-# at 32K-64K at 4), and psum's line is fitted from 1M to 8M, where it wins
-# once two-shot needs several rounds of the 8 MiB workspace. That machine
-# was shared (load average 6-8 on 2 cores): spinning ranks lose their core
-# more often than gloo's blocking ones, so an idle machine favours jax_ar's
-# kernels more. Other world sizes follow the straight line through the two
-# (a guess beyond 4).
+# goes through gloo over localhost TCP. (latency us, us/MB) per round at 2
+# and at 4 ranks; other world sizes follow the straight line through the
+# two (a guess beyond 4). All on the project's 2-core VM, shared with other
+# engineers' test runs (load average 6-21 on its 2 cores).
+# 2 ranks, refitted 2026-12-01 (issue 22) to an interleaved timing of bench's
+# programs (jax_ar/tools/bench_rank.py: float32 sum, chains of 10; the three
+# algorithms of one size timed in turn, alternating their order, 16 rounds
+# from 1K to 1M and 6 from 2M to 64M over 2 runs; load average 12-15). By the
+# median time at each size: one-shot fastest up to 32K (1.02-2.0x over the
+# next; a tie at 32K), two-shot from 64K to 1M (1.01-1.7x), psum from 2M
+# (1.3-2.0x; two-shot needs several rounds of the 8 MiB workspace there, 2 MB
+# each). One-shot's slope is its 256K-1M one (one round); two-shot's, 3500
+# us/MB, is above its one-round 2650 so that its rounds cost what it measured
+# from 2M (3.4-5.0 ms/MB); psum's line goes through 2M-64M; the latencies put
+# one-shot/two-shot at about 48K. Five sequential bench runs of the same day
+# (load 10-21) disagreed at 8K-32K (two-shot 1.1-1.4x ahead) and had psum
+# ahead from 128K: at such loads rankings move from run to run, which is why
+# the interleaved timing decided. The issue reported a run in which two-shot
+# was 1.13-1.38x ahead of psum from 4M: on a quieter machine jax_ar's spinning
+# ranks lose their core less often, so psum may take over later there; tune
+# such a machine.
+# 4 ranks: the fit of 2026-12-01 before that (10 runs of the bench, load
+# average 6-8, docs/benchmarks.md): one-shot up to 32K, two-shot, psum from
+# 2M.
 _CPU_FIT = {
-    "oneshot": ((50.0, 3480.0), (540.0, 14250.0)),
-    "twoshot": ((57.0, 2340.0), (963.0, 5229.0)),
-    "psum": ((1430.0, 1961.0), (6500.0, 2550.0)),
+    "oneshot": ((100.0, 3957.0), (540.0, 14250.0)),
+    "twoshot": ((122.0, 3500.0), (963.0, 5229.0)),
+    "psum": ((1000.0, 2950.0), (6500.0, 2550.0)),
 }
 
 
