@@ -95,17 +95,29 @@ def _cpu_defaults(n: int) -> dict:
     return {**curves, **_cpu_norm_defaults(n)}
 
 
-# all_reduce_rms_norm's paths on CPU devices, per call: `python -m jax_ar
-# tune` on 2 ranks of this 2-core VM (bfloat16, hidden 4096, 8 KB-4 MB,
-# 2026-12-01, load average 1.9-2.9), its fitted curves at their knots. The
-# fused path carries float32 copies of x through shared memory (twice a
-# bfloat16 message) and allocates them per call, so the pair is faster from
-# 128 KB (5.3 ms/MB against 7.6); below, fused. Other world sizes: the same
-# curves scaled by n / 2 (the ranks share two cores), so the choice, and the
-# paths CI exercises, stay those of two ranks.
-_CPU_FUSED_ONESHOT = ((8192, 131.1), (65536, 799.2), (4194304, 40096.1))
-_CPU_FUSED_TWOSHOT = ((8192, 113.7), (4194304, 31869.1))
-_CPU_COMPOSED = ((8192, 130.8), (131072, 1032.7), (4194304, 22478.0))
+# all_reduce_rms_norm's paths on CPU devices, per call, refitted 2026-12-01
+# (issue 22): `benchmarks/interleaved.py --mode rms_norm` on 2 ranks of the
+# 2-core VM (load average about 12), float32 and bfloat16, hidden
+# min(4096, elements), 16 rounds from 1K to 128K and 6 from 256K to 4M over
+# 2 runs, with the all-reduce defaults above (the pair's all-reduce is
+# "auto"). Each point is the geometric mean of the two dtypes' median
+# times, made non-decreasing. The pair jax_ar.all_reduce + jax_ar.rms_norm
+# ("composed") was the fastest path, or within 4% of it, at every size in
+# both dtypes (bfloat16 at 2K: 13%), except 64K, where fused two-shot is 2%
+# ahead (a tie); the fused kernel carries float32 copies of x through shared
+# memory and allocates them per call. (The earlier fit, tune's curves of one
+# run, sent 1K-64K to fused two-shot, 1.5-3.9x slower than the pair.) Other
+# world sizes: the same curves scaled by n / 2 (the ranks share two cores),
+# so the choice, and the paths CI exercises, stay those of two ranks.
+_CPU_FUSED_ONESHOT = ((1024, 170), (8192, 253), (16384, 481), (32768, 735), (65536, 1307),
+                      (131072, 3763), (262144, 5075), (524288, 11072), (1048576, 22308),
+                      (2097152, 54454), (4194304, 95463))
+_CPU_FUSED_TWOSHOT = ((1024, 210), (8192, 296), (16384, 470), (32768, 673), (65536, 1042),
+                      (131072, 3479), (262144, 5050), (524288, 9481), (1048576, 20467),
+                      (2097152, 46661), (4194304, 86330))
+_CPU_COMPOSED = ((1024, 124), (8192, 216), (16384, 414), (32768, 596), (65536, 1066),
+                 (131072, 2949), (262144, 4015), (524288, 7882), (1048576, 18867),
+                 (2097152, 45131), (4194304, 80249))
 
 
 def _cpu_norm_defaults(n: int) -> dict:
