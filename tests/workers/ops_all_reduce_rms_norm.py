@@ -27,7 +27,7 @@ import jax_ar
 from jax_ar import selection
 from jax_ar.selection import table as _table
 from common import (assert_equal_nan_aware, expect_error, global_array, local_shards, log,
-                    SuiteSkipped, main_guard, suites_in,
+                    SuiteSkipped, main_guard, norm_auto_takes_pair, suites_in,
                     run_communicator_suites, same_on_all_processes)
 from norm_checks import (FLOAT32_EVALUATION, FLOAT_DTYPES, FP8, add_residual,
                          assert_norm_close, assert_within, norm_float64, norm_tolerance,
@@ -190,24 +190,9 @@ def kernel_cases(rng, world):
 
 
 def auto_takes_pair(comm, case) -> bool:
-    """Whether algorithm="auto" runs this case as jax_ar.all_reduce then
-    jax_ar.rms_norm (the cost table's choice where the fused kernel and the
-    pair both could), whose sum is rounded to x's dtype first."""
-    limits = jax_ar._native.limits(comm.platform)
-    hidden = case.shape[-1]
-    vector = limits["vector_bytes"] // case.dtype.itemsize
-    fused = (limits["fused_min_hidden"] <= hidden <= limits["fused_max_hidden"]
-             and hidden % vector == 0 and case.residual_dtype in (case.dtype, np.float32))
-    # A row must fit one round of the workspace (a float32 residual beside
-    # 16-bit x takes twice x's bytes), else the general path serves the call.
-    wide = np.dtype(case.residual_dtype) == np.float32 and case.dtype != np.float32
-    fused = fused and hidden * case.dtype.itemsize <= comm.capacity_bytes(
-        "max_fused_row_bytes_f32_residual" if wide else "max_fused_row_bytes")
-    pair = case.quant_scale is None and case.post_gamma is None and case.bias is None
-    if not (fused and pair):
-        return False
-    nbytes = int(np.prod(case.shape)) * case.dtype.itemsize
-    return selection.choose_norm_path(comm, nbytes) == "composed"
+    """Whether algorithm="auto" runs this case as the pair (common.py)."""
+    plain = case.quant_scale is None and case.post_gamma is None and case.bias is None
+    return norm_auto_takes_pair(comm, case.shape, case.dtype, case.residual_dtype, plain)
 
 
 def check_cases(mesh, comm, cases, algorithm, what=None):
