@@ -3,8 +3,8 @@
 A jax_ar call that fails at run time (a peer that timed out, disagreed,
 failed, closed or died) fails inside XLA, and XLA turns the handler's error
 into its own exception: jax.errors.JaxRuntimeError or ValueError, depending
-on the status code and the JAX version, with a message that starts with
-"jax_ar:" after the status code. On GPUs a kernel that fails records it and
+on how JAX ran the call (README's Errors section), with a message that
+starts with "jax_ar:" after the status code. On GPUs a kernel that fails records it and
 the call may even return. Inside `with jax_ar.checked():` both become a
 JaxArError (JaxArTimeoutError for a deadline): XLA's error is replaced by the
 communicator's recorded failure (comm.check()), and at the end of the block

@@ -22,8 +22,8 @@ _STATUS_PREFIX = re.compile(r"^(?:[A-Z][A-Z_]*: )*")
 
 def runtime_failure_text(error: BaseException) -> str | None:
     """The message of a jax_ar call that failed at run time and reached
-    Python as XLA's error (jax.errors.JaxRuntimeError, or ValueError,
-    depending on the status code and the JAX version): the text from
+    Python as XLA's error (jax.errors.JaxRuntimeError, or ValueError where
+    JAX's C++ fast path ran the call; README's Errors section): the text from
     "jax_ar:" on. None for any other error, and for exceptions of jax_ar's
     own (JaxArError, TableError, argument errors)."""
     if type(error).__module__.split(".")[0] == "jax_ar":

@@ -9,8 +9,11 @@ CPU devices; any other runs in one process.
 
 The error example (the block that uses jax_ar.checked) also runs with a
 peer that skips its call: process 1 sleeps past a 2 s deadline instead, and
-process 0 must catch jax_ar.JaxArTimeoutError where the README says.
+process 0 must catch jax_ar.JaxArTimeoutError where the README says. The
+Errors section's types are compared with what the failures raise here
+(tests/workers/comm_faults.py error_types).
 """
+import os
 import pathlib
 import re
 import subprocess
@@ -21,7 +24,7 @@ import pytest
 
 from jax_ar.tools.launch import launch
 
-from harness import ON_GPU, format_failure, runs_on
+from harness import ON_GPU, format_failure, run_ranks, runs_on
 
 pytestmark = runs_on("cpu", reason="the README's programs run as printed on CPU devices of 2 "
                                  "processes; the same calls run on the GPU in the other files")
@@ -101,6 +104,7 @@ def test_program_runs_as_printed(index, tmp_path):
             for rank in range(2):
                 assert f"process {rank}: all_reduce == psum" in result.logs[rank], \
                     format_failure(result)
+                assert "served by jax_ar" in result.logs[rank], format_failure(result)
         # A normal run ends quietly: jax.distributed is shut down in order, so
         # neither gRPC nor absl has anything to say, even in the raw output.
         for rank in range(2):
@@ -109,9 +113,23 @@ def test_program_runs_as_printed(index, tmp_path):
                 assert noise not in raw, raw
 
 
-def test_error_example_catches_a_peer_that_skips_its_call(tmp_path):
-    import os
+def test_use_example_on_one_device_says_jax_ar_did_not_run(tmp_path):
+    """`python tp.py` (one process, one device): psum serves the call, and
+    the program says so and how to run it instead, rather than only
+    "all_reduce == psum"."""
+    use = PROGRAMS[0][:1]
+    assert "all_reduce == psum" in use[0][1], "README's first program is no longer Use's"
+    path = tmp_path / "tp.py"
+    path.write_text(source(use))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=dict(env, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "process 0: all_reduce == psum, (8, 32), served by psum, not by jax_ar" in proc.stdout
+    assert "python -m jax_ar launch -n 2 tp.py" in proc.stdout, proc.stdout
 
+
+def test_error_example_catches_a_peer_that_skips_its_call(tmp_path):
     program = next(p for p in PROGRAMS if any("jax_ar.checked(" in code for _, code in p))
     env = dict(os.environ, JAX_AR_TIMEOUT_S="2")
     result = run_program(program, tmp_path, skipping="jax_ar.checked(", env=env)
@@ -122,3 +140,53 @@ def test_error_example_catches_a_peer_that_skips_its_call(tmp_path):
     # ... and process 1, which skipped the call, fails at its end, naming it.
     failed = dict(result.failures)
     assert list(failed) == [1] and "skipped" in failed[1], format_failure(result)
+
+
+def _errors_section() -> str:
+    text = README.read_text()
+    start = text.index("\n## Errors\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def _types_in(cell: str) -> set:
+    """The exception types a README table cell names (backticked)."""
+    return set(re.findall(r"`((?:jax\.errors\.|jax_ar\.)?[A-Za-z_]*Error)`", cell))
+
+
+def _table_row(section: str, first_cell_start: str) -> list:
+    rows = [line for line in section.splitlines()
+            if line.startswith(f"| {first_cell_start}")]
+    assert len(rows) == 1, f"README's Errors section: one row starting {first_cell_start!r}, " \
+                           f"found {rows}"
+    return [cell.strip() for cell in rows[0].strip("|").split("|")]
+
+
+def test_errors_section_names_what_failed_calls_raise():
+    """Each run-time failure (a peer that disagrees, never comes, closes; a
+    call on a failed communicator), called through a jitted function's
+    first call and again: the types seen are exactly those README's Errors
+    table names for a failed call, and each way of calling raises what
+    README's second table says."""
+    result = run_ranks("comm_faults.py", "error_types", processes=2, timeout_s=300,
+                       env={"FAULT_DEADLINE_S": "2"})
+    seen = {}  # path -> {type}
+    for log in result.logs:
+        for kind, path, status, name in re.findall(r"error-type (\S+) (\S+) (\S+) (\S+)", log):
+            seen.setdefault(path, set()).add(
+                name[len("builtins."):] if name.startswith("builtins.") else name)
+    assert set(seen) == {"first", "again"}, format_failure(result)
+    section = _errors_section()
+    named = _types_in(_table_row(section, "a call:")[1])
+    raised = set().union(*seen.values())
+    assert named == raised, (f"README's Errors table says a failed call raises {sorted(named)}; "
+                             f"seen {seen}")
+    at_trace = {name for log in result.logs
+                for name in re.findall(r"error-at-trace failed_earlier (\S+)", log)}
+    said = _types_in(_table_row(section, "a call traced on a communicator")[1])
+    assert at_trace == {"jax_ar.errors.JaxArError"} and said == {"jax_ar.JaxArError"}, \
+        (at_trace, said)
+    for path, first_cell in (("first", "a jitted function's first call"),
+                             ("again", "a jitted function called again")):
+        said = _types_in(_table_row(section, first_cell)[1])
+        assert said == seen[path], (f"README says {first_cell!r} raises {sorted(said)}; "
+                                    f"seen {sorted(seen[path])}")

@@ -2,6 +2,7 @@
 ranks (table, JSON, PNG, #wrong == 0), a tiny tune run, option errors."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -119,10 +120,32 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
                    "--hidden", "1024", "-d", "bfloat16", "--repeats", "3", "--min-sample-ms",
                    "2", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    results = doc["results"]
     assert {r["algorithm"] for r in results} == {"fused", "all_reduce+rms_norm", "psum+norm",
                                                  "auto"}
     assert all(r["wrong"] == 0 for r in results), results
+    # What auto runs is marked at every size, and the table stays aligned
+    # ("all_reduce+rms_norm*" is the widest label).
+    rows = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    for size in (8192, 16384):
+        starred = [line for line in rows if line.split()[0] == str(size) and "*" in line]
+        assert len(starred) == 1, proc.stdout
+        pick = doc["selection"]["picks"][f"bfloat16 {size}"]
+        assert pick in ("fused", "all_reduce+rms_norm", "psum+norm", "auto"), pick
+        assert starred[0].split()[4] == pick + "*", proc.stdout
+    _assert_aligned(proc.stdout)
+
+
+def _assert_aligned(table: str):
+    """Every row's columns end where the header's do."""
+    lines = table.splitlines()
+    header = next(line for line in lines if "time_us" in line)
+    ends = [m.end() for m in re.finditer(r"\S+", header)][1:]  # after the "#"
+    for line in lines:
+        if line.startswith("#") or "n/a" in line:
+            continue
+        assert [m.end() for m in re.finditer(r"\S+", line)] == ends, f"{line!r}\n{header!r}"
 
 
 @pytest.mark.parametrize("args,message", [
@@ -228,6 +251,51 @@ def test_star_marks_what_auto_runs_never_an_unavailable_row():
     assert "oneshot*" not in text, text
     doc["selection"]["picks"]["1024"] = "psum"
     assert "psum*" in bench.format_table(doc)
+
+
+def _doc(results, picks, samples=(5.0, 5.0, 5.0)):
+    def row(algorithm, nbytes, dtype="bfloat16", op="rms_norm"):
+        return {"dtype": dtype, "op": op, "bytes": nbytes, "count": nbytes // 2,
+                "algorithm": algorithm, "status": "ok", "time_us": 5.0, "algbw_gbps": 0.2,
+                "busbw_gbps": 0.2, "wrong": 0, "speedup_vs_psum": 1.0, "samples": list(samples)}
+
+    return {"date": "2026-12-01", "ranks": 2, "gpus": 0,
+            "machine": {"platform": "cpu", "device_kind": "cpu", "world_size": 2, "cpu": "x",
+                        "cpu_count": 2, "host": "h", "jax": "0", "jax_ar": "0",
+                        "workspace_bytes": 8 << 20},
+            "method": {"iters": 10, "launches": 2, "min_sample_s": 0.01, "repeats": 5,
+                       "warmup": 1},
+            "selection": {"table": "defaults", "picks": picks},
+            "results": [row(*r) for r in results]}
+
+
+def test_table_is_aligned_and_marks_auto_at_every_size_for_rms_norm():
+    from jax_ar.tools import bench
+
+    variants = ("fused", "all_reduce+rms_norm", "psum+norm", "auto")
+    sizes = (1024, 2048, 4096)
+    doc = _doc([(v, b) for b in sizes for v in variants],
+               {"bfloat16 1024": "all_reduce+rms_norm", "bfloat16 2048": "fused",
+                "bfloat16 4096": "auto"})
+    text = bench.format_table(doc)
+    _assert_aligned(text)
+    starred = [line.split()[4] for line in text.splitlines()
+               if not line.startswith("#") and "*" in line]
+    assert starred == ["all_reduce+rms_norm*", "fused*", "auto*"], text
+    # The picked variant not timed (-a auto,psum+norm): the auto row is marked.
+    doc = _doc([(v, 1024) for v in ("psum+norm", "auto")], {"bfloat16 1024": "fused"})
+    assert "auto*" in bench.format_table(doc) and "psum+norm*" not in bench.format_table(doc)
+
+
+def test_noisy_timing_warning_above_15_percent():
+    from jax_ar.tools import bench
+
+    quiet = _doc([("oneshot", 1024, "float32", "sum")], {"1024": "oneshot"},
+                 samples=(9.0, 10.0, 11.0))  # (75th - 25th) / median = 10%
+    noisy = _doc([("oneshot", 1024, "float32", "sum")], {"1024": "oneshot"},
+                 samples=(8.0, 10.0, 12.0))  # 20%
+    assert "WARNING: noisy timings" not in bench.format_table(quiet)
+    assert "WARNING: noisy timings" in bench.format_table(noisy)
 
 
 def test_cli_without_a_command_exits_2_with_a_hint():

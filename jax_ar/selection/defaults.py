@@ -76,22 +76,34 @@ def _gpu_norm_defaults(n: int) -> dict:
 
 
 # CPU devices: ranks are processes copying through POSIX shared memory; psum
-# goes through gloo over localhost TCP. Fitted to `python -m jax_ar bench`
-# (float32 sum, 1K-1M, plus -b 2M -e 8M) at 2 and 4 ranks on the project's
-# 2-core VM, 10 runs each, 2026-12-01 (docs/benchmarks.md): (latency us,
-# us/MB) per round at 2 and at 4 ranks. The slopes come from the large
-# sizes; the latencies put the one-shot/two-shot crossover where the median
-# ratio of the two within a run changes side (between 4K and 8K at 2 ranks,
-# at 32K-64K at 4), and psum's line is fitted from 1M to 8M, where it wins
-# once two-shot needs several rounds of the 8 MiB workspace. That machine
-# was shared (load average 6-8 on 2 cores): spinning ranks lose their core
-# more often than gloo's blocking ones, so an idle machine favours jax_ar's
-# kernels more. Other world sizes follow the straight line through the two
-# (a guess beyond 4).
+# goes through gloo over localhost TCP. (latency us, us/MB) per round at 2
+# and at 4 ranks; other world sizes follow the straight line through the
+# two (a guess beyond 4). All on the project's 2-core VM, shared with other
+# engineers' test runs (load average 6-21 on its 2 cores).
+# 2 ranks, refitted 2026-12-01 (issue 22) to an interleaved timing of bench's
+# programs (jax_ar/tools/bench_rank.py: float32 sum, chains of 10; the three
+# algorithms of one size timed in turn, alternating their order, 16 rounds
+# from 1K to 1M and 6 from 2M to 64M over 2 runs; load average 12-15). By the
+# median time at each size: one-shot fastest up to 32K (1.02-2.0x over the
+# next; a tie at 32K), two-shot from 64K to 1M (1.01-1.7x), psum from 2M
+# (1.3-2.0x; two-shot needs several rounds of the 8 MiB workspace there, 2 MB
+# each). One-shot's slope is its 256K-1M one (one round); two-shot's, 3500
+# us/MB, is above its one-round 2650 so that its rounds cost what it measured
+# from 2M (3.4-5.0 ms/MB); psum's line goes through 2M-64M; the latencies put
+# one-shot/two-shot at about 48K. Five sequential bench runs of the same day
+# (load 10-21) disagreed at 8K-32K (two-shot 1.1-1.4x ahead) and had psum
+# ahead from 128K: at such loads rankings move from run to run, which is why
+# the interleaved timing decided. The issue reported a run in which two-shot
+# was 1.13-1.38x ahead of psum from 4M: on a quieter machine jax_ar's spinning
+# ranks lose their core less often, so psum may take over later there; tune
+# such a machine.
+# 4 ranks: the fit of 2026-12-01 before that (10 runs of the bench, load
+# average 6-8, docs/benchmarks.md): one-shot up to 32K, two-shot, psum from
+# 2M.
 _CPU_FIT = {
-    "oneshot": ((50.0, 3480.0), (540.0, 14250.0)),
-    "twoshot": ((57.0, 2340.0), (963.0, 5229.0)),
-    "psum": ((1430.0, 1961.0), (6500.0, 2550.0)),
+    "oneshot": ((100.0, 3957.0), (540.0, 14250.0)),
+    "twoshot": ((122.0, 3500.0), (963.0, 5229.0)),
+    "psum": ((1000.0, 2950.0), (6500.0, 2550.0)),
 }
 
 
@@ -102,17 +114,29 @@ def _cpu_defaults(n: int) -> dict:
     return {**curves, **_cpu_norm_defaults(n)}
 
 
-# all_reduce_rms_norm's paths on CPU devices, per call: `python -m jax_ar
-# tune` on 2 ranks of this 2-core VM (bfloat16, hidden 4096, 8 KB-4 MB,
-# 2026-12-01, load average 1.9-2.9), its fitted curves at their knots. The
-# fused path carries float32 copies of x through shared memory (twice a
-# bfloat16 message) and allocates them per call, so the pair is faster from
-# 128 KB (5.3 ms/MB against 7.6); below, fused. Other world sizes: the same
-# curves scaled by n / 2 (the ranks share two cores), so the choice, and the
-# paths CI exercises, stay those of two ranks.
-_CPU_FUSED_ONESHOT = ((8192, 131.1), (65536, 799.2), (4194304, 40096.1))
-_CPU_FUSED_TWOSHOT = ((8192, 113.7), (4194304, 31869.1))
-_CPU_COMPOSED = ((8192, 130.8), (131072, 1032.7), (4194304, 22478.0))
+# all_reduce_rms_norm's paths on CPU devices, per call, refitted 2026-12-01
+# (issue 22): `benchmarks/interleaved.py --mode rms_norm` on 2 ranks of the
+# 2-core VM (load average about 12), float32 and bfloat16, hidden
+# min(4096, elements), 16 rounds from 1K to 128K and 6 from 256K to 4M over
+# 2 runs, with the all-reduce defaults above (the pair's all-reduce is
+# "auto"). Each point is the geometric mean of the two dtypes' median
+# times, made non-decreasing. The pair jax_ar.all_reduce + jax_ar.rms_norm
+# ("composed") was the fastest path, or within 4% of it, at every size in
+# both dtypes (bfloat16 at 2K: 13%), except 64K, where fused two-shot is 2%
+# ahead (a tie); the fused kernel carries float32 copies of x through shared
+# memory and allocates them per call. (The earlier fit, tune's curves of one
+# run, sent 1K-64K to fused two-shot, 1.5-3.9x slower than the pair.) Other
+# world sizes: the same curves scaled by n / 2 (the ranks share two cores),
+# so the choice, and the paths CI exercises, stay those of two ranks.
+_CPU_FUSED_ONESHOT = ((1024, 170), (8192, 253), (16384, 481), (32768, 735), (65536, 1307),
+                      (131072, 3763), (262144, 5075), (524288, 11072), (1048576, 22308),
+                      (2097152, 54454), (4194304, 95463))
+_CPU_FUSED_TWOSHOT = ((1024, 210), (8192, 296), (16384, 470), (32768, 673), (65536, 1042),
+                      (131072, 3479), (262144, 5050), (524288, 9481), (1048576, 20467),
+                      (2097152, 46661), (4194304, 86330))
+_CPU_COMPOSED = ((1024, 124), (8192, 216), (16384, 414), (32768, 596), (65536, 1066),
+                 (131072, 2949), (262144, 4015), (524288, 7882), (1048576, 18867),
+                 (2097152, 45131), (4194304, 80249))
 
 
 def _cpu_norm_defaults(n: int) -> dict:

@@ -176,8 +176,45 @@ def describe_machine(machine: dict, ranks: int, gpus: int) -> str:
             f"workspace {sweep.format_size(machine['workspace_bytes'])}B")
 
 
+def pick_of(doc: dict, r: dict) -> str | None:
+    """What algorithm="auto" runs for result r's message: an all-reduce
+    algorithm (picks keyed by bytes) or an rms_norm variant (keyed "dtype
+    bytes", bench_rank.auto_picks)."""
+    picks = doc.get("selection", {}).get("picks", {})
+    return picks.get(f"{r['dtype']} {r['bytes']}", picks.get(str(r["bytes"])))
+
+
+def label_of(r: dict) -> str:
+    """A row's name in the table: the kernel that ran where the library chose
+    one (twoshot_ll or twoshot for "twoshot"), else the algorithm."""
+    return r.get("kernel") or r["algorithm"]
+
+
+def auto_rows(doc: dict) -> set:
+    """Indices of the results to mark as what algorithm="auto" runs: per
+    message (dtype, op, size), the timed row of the algorithm it picks, else
+    (that algorithm not timed) the row of "auto" itself."""
+    groups = {}
+    for i, r in enumerate(doc["results"]):
+        if r["status"] == "ok":
+            groups.setdefault((r["dtype"], r["op"], r["bytes"]), []).append(i)
+    marked = set()
+    for rows in groups.values():
+        pick = pick_of(doc, doc["results"][rows[0]])
+        for wanted in (pick, "auto"):
+            found = [i for i in rows if label_of(doc["results"][i]) == wanted or
+                     doc["results"][i]["algorithm"] == wanted]
+            if found:
+                marked.add(found[0])
+                break
+    return marked
+
+
 def format_table(doc: dict) -> str:
     machine, results, method = doc["machine"], doc["results"], doc["method"]
+    marked = auto_rows(doc)
+    # The algorithm column fits its widest label with the mark.
+    width = max([len("algorithm")] + [len(label_of(r)) + 1 for r in results])
     lines = [
         f"# jax_ar bench {doc['date']}",
         f"# machine: {describe_machine(machine, doc['ranks'], doc['gpus'])}",
@@ -186,23 +223,20 @@ def format_table(doc: dict) -> str:
         f"{method['min_sample_s'] * 1e3:g} ms per sample, median of {method['repeats']} samples "
         f"after {method['warmup']} warm-up launches; time = slowest rank's median",
         f"# busbw = algbw * 2(n-1)/n; vs_psum = psum time / time; * = what algorithm='auto' "
-        f"picks (table: {doc['selection']['table']})",
+        f"runs (table: {doc['selection']['table']})",
         "#",
-        f"# {'size':>10} {'count':>10} {'type':>9} {'op':>8} {'algorithm':>16} "
+        f"# {'size':>10} {'count':>10} {'type':>9} {'op':>8} {'algorithm':>{width}} "
         f"{'time_us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7} {'vs_psum':>8}",
     ]
-    picks = doc["selection"]["picks"]
     previous = None
-    for r in results:
+    for i, r in enumerate(results):
         group = (r["dtype"], r["op"], r["bytes"])
         if previous is not None and group[:2] != previous[:2]:
             lines.append("#")
         previous = group
-        label = r.get("kernel") or r["algorithm"]  # the kernel that ran, where one was chosen
-        picked = picks.get(str(r["bytes"])) == label and r["status"] == "ok"
-        name = label + ("*" if picked else "")
+        name = label_of(r) + ("*" if i in marked else "")
         head = (f"  {r['bytes']:>10} {r['count']:>10} {r['dtype']:>9} {r['op']:>8} "
-                f"{name:>16}")
+                f"{name:>{width}}")
         if r["status"] != "ok":
             lines.append(f"{head} {r['status']}")
             continue
@@ -221,7 +255,8 @@ def format_table(doc: dict) -> str:
                  + (f"; load average {load[0]:g} at the end on {machine['cpu_count']} cores"
                     if load else ""))
     if spread > sweep.NOISY_SPREAD:
-        lines.append("# WARNING: noisy timings: the machine is busy; compare with care")
+        lines.append(f"# WARNING: noisy timings (spread above {sweep.NOISY_SPREAD:.0%}): the "
+                     "machine is busy; compare with care")
     return "\n".join(lines)
 
 

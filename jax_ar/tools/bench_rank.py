@@ -19,6 +19,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import json  # noqa: E402
 import platform as host_platform  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
@@ -35,6 +36,7 @@ from jax_ar.tools.timing import (calibrate, chained, count_collectives, gather, 
 
 
 AXIS = "tp"
+_CUSTOM_CALL_TARGET = re.compile(r"custom_call @(jax_ar_\w+)")  # in lowered StableHLO
 XLA_ONESHOT_OPTION = "xla_gpu_unsupported_use_all_reduce_one_shot_kernel"
 
 
@@ -199,21 +201,53 @@ class Runner:
 
         return chained(step, self.mesh, AXIS, chain), (x,), chain, check
 
-    def auto_picks(self, sizes) -> dict:
-        """What algorithm="auto" runs here for a message of each size, decided
-        the way the library decides it (psum where the communicator falls
-        back, JAX_AR_ALGO, else the cost model), and the table it used."""
+    def auto_picks(self, results) -> dict:
+        """What algorithm="auto" runs here at each size, and the table it
+        used. All-reduce: the algorithm, decided the way the library decides
+        it (psum where the communicator falls back, JAX_AR_ALGO, else the
+        cost model), keyed by the size in bytes. --op rms_norm: the variant
+        (bench.RMS_NORM_VARIANTS) whose kernels the program of
+        all_reduce_rms_norm(algorithm="auto") holds, keyed "dtype bytes"."""
         override = ar_config.algorithm_override()
         picks = {}
-        for nbytes in sorted(set(sizes)):
-            picks[str(nbytes)] = ("psum" if not self.comm.serves_calls else
-                                  selection.choose_kernel(self.comm, override or "auto",
-                                                          _packed(nbytes)))
+        for r in results:
+            nbytes = r["bytes"]
+            if r["op"] == "rms_norm":
+                key = f"{r['dtype']} {nbytes}"
+                if key not in picks:
+                    picks[key] = self._norm_variant_of_auto(r)
+            elif str(nbytes) not in picks:
+                picks[str(nbytes)] = ("psum" if not self.comm.serves_calls else
+                                      selection.choose_kernel(self.comm, override or "auto",
+                                                              _packed(nbytes)))
         try:
             table = selection.table_for(self.comm.platform, self.device_kind, self.world).source
         except selection.TableError as e:
             table = f"none ({e})"
         return {"table": table, "picks": picks}
+
+    def _norm_variant_of_auto(self, case) -> str:
+        """Which variant all_reduce_rms_norm(algorithm="auto") runs for this
+        case, read from the custom calls of its lowered program (one call):
+        "fused", "all_reduce+rms_norm", "psum+norm" (no jax_ar kernel), or
+        "auto" (jax_ar's all-reduce and XLA's norm: no variant of its own)."""
+        tokens, hidden = case["tokens"], case["hidden"]
+        dtype = data.DTYPES[case["dtype"]]
+        step = self._rms_norm_step("auto", self.config["eps"])
+        program = jax.jit(jax.shard_map(step, mesh=self.mesh, in_specs=(P(AXIS), P(), P()),
+                                        out_specs=(P(), P(), P())))
+        specs = (((tokens * self.world, hidden), P(AXIS)), ((tokens, hidden), P()),
+                 ((hidden,), P()))
+        args = [jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, spec))
+                for shape, spec in specs]
+        targets = set(_CUSTOM_CALL_TARGET.findall(program.lower(*args).as_text()))
+        if "jax_ar_all_reduce_rms_norm" in targets:
+            return "fused"
+        if "jax_ar_all_reduce" in targets and targets & {"jax_ar_rms_norm", "jax_ar_add_rms_norm"}:
+            return "all_reduce+rms_norm"
+        if "jax_ar_all_reduce" not in targets:
+            return "psum+norm"
+        return "auto"
 
     def machine(self):
         info = {
@@ -287,7 +321,7 @@ def main(argv) -> None:
         r["wrong"] = None if None in wrong else sum(wrong)  # None: not checked (-c 0)
     if leader:
         doc = {"machine": runner.machine(), "results": results,
-               "selection": runner.auto_picks(r["bytes"] for r in results),
+               "selection": runner.auto_picks(results),
                "elapsed_s": time.monotonic() - start}
         tmp = config["out"] + ".tmp"
         with open(tmp, "w") as f:

@@ -20,9 +20,11 @@ def plot(doc: dict, path: str) -> None:
     for r in results:
         label = r["algorithm"] + (f" {r['dtype']} {r['op']}" if several else "")
         lines[label].append((r["bytes"], r["time_us"], r["busbw_gbps"]))
-    picks = doc.get("selection", {}).get("picks", {})
-    picked = sorted((r["bytes"], r["time_us"], r["busbw_gbps"]) for r in results
-                    if picks.get(str(r["bytes"])) == r["algorithm"])
+    from .bench import auto_rows
+
+    marked = auto_rows(doc)
+    picked = sorted((r["bytes"], r["time_us"], r["busbw_gbps"])
+                    for i, r in enumerate(doc["results"]) if i in marked)
 
     fig, (ax_time, ax_bw) = plt.subplots(1, 2, figsize=(13, 5))
     for label, points in lines.items():

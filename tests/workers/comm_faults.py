@@ -30,6 +30,15 @@ catchable       odd sleeps instead of calling: with jax_ar.checked() the
                 too; tracing a new call on it, or on a closed one, raises
                 JaxArError at trace time; other exceptions pass unchanged;
                 then recovery on every rank
+error_types     what each run-time failure raises (a peer that disagrees,
+                never comes, closes, or a call on a communicator that has
+                failed), through a jitted function's first call and through
+                a call again with shapes it ran: prints "error-type KIND PATH
+                STATUS TYPE" (and "error-at-trace") lines for
+                tests/test_readme.py, which compares them with README's
+                Errors section; comm.check() and
+                jax_ar.checked() give JaxArError (JaxArTimeoutError for the
+                deadline) every time
 """
 import logging
 import os
@@ -475,6 +484,97 @@ def scenario_catchable(mesh):
     fresh = setup(mesh, timeout_s=30.0)  # odd may still be asleep
     check_fresh_results(mesh, 11, "catchable: after close() + setup()")
     fresh.close()
+
+
+# The failures of scenario_error_types: what the odd process does instead
+# of the call its peers make, and the status code XLA puts before the
+# message (cuda/cpu's handlers choose it).
+ERROR_KINDS = {
+    "disagree": "FAILED_PRECONDITION",  # odd calls with another shape
+    "never_came": "DEADLINE_EXCEEDED",  # odd sleeps past the deadline
+    "closed": "ABORTED",  # odd closes the communicator
+    "failed_earlier": "FAILED_PRECONDITION",  # every rank calls again after a failure
+}
+
+
+def scenario_error_types(mesh):
+    """Every rank, for each failure of ERROR_KINDS and each way of calling
+    (PATH "first": a jitted function's first call for these shapes; "again":
+    a call with shapes the function already ran, JAX's C++ fast path),
+    logs "error-type KIND PATH STATUS TYPE" with the exception's type as
+    module.name. Only the ranks that make the failing call log (odd makes
+    none for never_came and closed). A first call on a communicator that
+    has failed is traced, and fails there, as jax_ar's own error:
+    "error-at-trace failed_earlier TYPE"."""
+    odd = me() == last_process()
+    xs = {rows: sharded(mesh, rows)[1] for rows in (4, 6, 8)}
+    for path in ("first", "again"):
+        for kind, status in ERROR_KINDS.items():
+            kv_barrier(f"error-types/{path}/{kind}")
+            comm = setup(mesh, timeout_s=DEADLINE_S if kind == "never_came" else 30.0)
+            f = reducer(mesh)  # a new function: its first call of a shape traces and compiles
+            if path == "again":
+                for x in xs.values():
+                    jax.block_until_ready(f(x))
+            disagreeing = lambda: f(xs[8] if odd else xs[4])  # noqa: E731
+            if kind == "failed_earlier":
+                _expect_jax_ar_failure(comm, disagreeing, "error_types/failed_earlier (first)")
+                call = lambda: f(xs[4])  # noqa: E731
+                if path == "first":  # tracing a call on the failed communicator: jax_ar's own
+                    try:
+                        f(xs[6])
+                        raise AssertionError("error_types: traced a call on a failed "
+                                             "communicator")
+                    except jax_ar.JaxArError as e:
+                        assert "has failed" in str(e), e
+                        log(f"error-at-trace {kind} {type(e).__module__}.{type(e).__qualname__}")
+                    comm.close()
+                    continue
+            else:
+                call = disagreeing if kind == "disagree" else (lambda: f(xs[4]))
+            if odd and kind == "never_came":
+                time.sleep(DEADLINE_S + PROMPT_S)
+            elif odd and kind == "closed":
+                kv_wait(f"error-types-closing/{path}", 0)
+                time.sleep(0.3)  # process 0 is about to call: let its call start
+                comm.close()
+            else:
+                if kind == "closed" and me() == 0:
+                    kv_signal(f"error-types-closing/{path}")
+                error = _expect_jax_ar_failure(comm, call, f"error_types/{kind}/{path}")
+                assert str(error).startswith(f"{status}: jax_ar:"), \
+                    f"error_types/{kind}/{path}: {type(error).__name__}: {str(error)[:300]}"
+                log(f"error-type {kind} {path} {status} "
+                    f"{type(error).__module__}.{type(error).__qualname__}")
+                # The same failure as one type: comm.check(), and jax_ar.checked()
+                # around a call on the failed communicator.
+                try:
+                    comm.check()
+                    raise AssertionError(f"error_types/{kind}/{path}: comm.check() passed")
+                except jax_ar.JaxArError as e:
+                    assert isinstance(e, jax_ar.JaxArTimeoutError) == (kind == "never_came"), \
+                        repr(e)
+                try:
+                    with jax_ar.checked(comm):
+                        jax.block_until_ready(f(xs[4]))
+                    raise AssertionError(f"error_types/{kind}/{path}: checked() passed")
+                except jax_ar.JaxArError:  # from XLA's error, or at trace time
+                    pass
+            if not comm.closed:
+                comm.close()
+
+
+def _expect_jax_ar_failure(comm, call, what):
+    """call() must fail with XLA's error (not jax_ar's own) of a jax_ar
+    failure; returns it."""
+    try:
+        jax.block_until_ready(call())
+    except jax_ar.JaxArError:
+        raise
+    except Exception as error:  # XLA's, whichever type
+        assert jax_ar.errors.runtime_failure_text(error) is not None, f"{what}: {error!r}"
+        return error
+    raise AssertionError(f"{what}: the call returned")
 
 
 def stop_like_a_program(error, scenario):

@@ -52,6 +52,31 @@ def global_array(x: np.ndarray, mesh, spec) -> jax.Array:
                                         dtype=x.dtype)
 
 
+def norm_auto_takes_pair(comm, shape, dtype, residual_dtype, plain=True) -> bool:
+    """Whether all_reduce_rms_norm(algorithm="auto") over `comm` runs x of
+    `shape` and `dtype` as jax_ar.all_reduce then jax_ar.rms_norm (the pair,
+    whose sum is rounded to x's dtype before the residual is added): where
+    the fused kernel and the pair both could serve it (`plain`: no FP8
+    output, post-norm or bias), the cost table's choice."""
+    import jax_ar
+    from jax_ar import selection
+
+    dtype, residual_dtype = np.dtype(dtype), np.dtype(residual_dtype)
+    limits = jax_ar._native.limits(comm.platform)
+    hidden = shape[-1]
+    vector = limits["vector_bytes"] // dtype.itemsize
+    fused = (limits["fused_min_hidden"] <= hidden <= limits["fused_max_hidden"]
+             and hidden % vector == 0 and residual_dtype in (dtype, np.float32))
+    # A row must fit one round of the workspace (a float32 residual beside
+    # 16-bit x takes twice x's bytes), else the general path serves the call.
+    wide = residual_dtype == np.float32 and dtype != np.float32
+    fused = fused and hidden * dtype.itemsize <= comm.capacity_bytes(
+        "max_fused_row_bytes_f32_residual" if wide else "max_fused_row_bytes")
+    if not (fused and plain) or not int(np.prod(shape)):
+        return False
+    return selection.choose_norm_path(comm, int(np.prod(shape)) * dtype.itemsize) == "composed"
+
+
 def local_shards(y: jax.Array):
     """[(device, index, numpy data)] of this process's shards of `y`."""
     return [(s.device, s.index, np.asarray(s.data)) for s in y.addressable_shards]

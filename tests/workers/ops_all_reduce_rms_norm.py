@@ -27,7 +27,7 @@ import jax_ar
 from jax_ar import selection
 from jax_ar.selection import table as _table
 from common import (assert_equal_nan_aware, expect_error, global_array, local_shards, log,
-                    SuiteSkipped, main_guard, suites_in,
+                    SuiteSkipped, main_guard, norm_auto_takes_pair, suites_in,
                     run_communicator_suites, same_on_all_processes)
 from norm_checks import (FLOAT32_EVALUATION, FLOAT_DTYPES, FP8, add_residual,
                          assert_norm_close, assert_within, norm_float64, norm_tolerance,
@@ -190,19 +190,9 @@ def kernel_cases(rng, world):
 
 
 def auto_takes_pair(comm, case) -> bool:
-    """Whether algorithm="auto" runs this case as jax_ar.all_reduce then
-    jax_ar.rms_norm (the cost table's choice where the fused kernel and the
-    pair both could), whose sum is rounded to x's dtype first."""
-    limits = jax_ar._native.limits(comm.platform)
-    hidden = case.shape[-1]
-    vector = limits["vector_bytes"] // case.dtype.itemsize
-    fused = (limits["fused_min_hidden"] <= hidden <= limits["fused_max_hidden"]
-             and hidden % vector == 0 and case.residual_dtype in (case.dtype, np.float32))
-    pair = case.quant_scale is None and case.post_gamma is None and case.bias is None
-    if not (fused and pair):
-        return False
-    nbytes = int(np.prod(case.shape)) * case.dtype.itemsize
-    return selection.choose_norm_path(comm, nbytes) == "composed"
+    """Whether algorithm="auto" runs this case as the pair (common.py)."""
+    plain = case.quant_scale is None and case.post_gamma is None and case.bias is None
+    return norm_auto_takes_pair(comm, case.shape, case.dtype, case.residual_dtype, plain)
 
 
 def check_cases(mesh, comm, cases, algorithm, what=None):
@@ -559,8 +549,9 @@ def suite_vmap(mesh, comm):
                           global_array(gamma, mesh, P()))
     outs = [np.asarray(s.data) for s in out.addressable_shards]
     residual_outs = [np.asarray(s.data) for s in residual_out.addressable_shards]
-    for b, c in enumerate(cases):
-        c.check_local([o[b] for o in outs], [r[b] for r in residual_outs], f"vmap {b}")
+    for b, c in enumerate(cases):  # auto chooses per member, as for one call of its shape
+        c.check_local([o[b] for o in outs], [r[b] for r in residual_outs], f"vmap {b}",
+                      pair=auto_takes_pair(comm, c))
     log("vmap: ok")
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jax_ar
-from common import assert_equal_nan_aware, global_array, local_shards
+from common import assert_equal_nan_aware, global_array, local_shards, norm_auto_takes_pair
 from comm_fault_checks import ON_GPU
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -156,6 +156,9 @@ def check_all_reduce_rms_norm(fz, xs, r, g, dtype, algorithm, scale):
         total = parts[0]
         for p in parts[1:]:
             total = total + p  # float32, rank order
+        if algorithm == "auto" and norm_auto_takes_pair(fz.comm, r.shape, xs.dtype, r.dtype,
+                                                        plain=scale is None):
+            total = total.astype(xs.dtype).astype(np.float32)  # the pair rounds the sum first
         want_residual = (total + r.astype(np.float32)).astype(xs.dtype)
     want_out = norm_reference(want_residual.astype(np.float32), g, 1e-6)
     want_dtype = ml_dtypes.float8_e4m3fn if scale is not None else xs.dtype

@@ -1,0 +1,109 @@
+"""Which algorithm is fastest at each size, on a busy machine: the candidates
+of one size timed in turn, round after round.
+
+`python -m jax_ar bench` times one algorithm after the other, so on a
+machine whose load changes within a minute (the project's shared 2-core VM)
+the ranking moves from run to run. Here every round times each candidate
+once (one sample: enough launches of its chained program to last
+--min-sample-ms), alternating the order from round to round, so load
+changes hit every candidate alike. The programs, data and checks are
+bench's (jax_ar/tools/bench_rank.py); the time of a sample is the slowest
+rank's. Run as ranks of the launcher:
+
+    python -m jax_ar launch -n 2 --platform cpu benchmarks/interleaved.py \
+        --mode all_reduce --bytes 1K,2K,4K --rounds 8 --json ab.jsonl
+    python -m jax_ar launch -n 2 --platform cpu benchmarks/interleaved.py \
+        --mode rms_norm --dtype bfloat16 --bytes 8K,64K --rounds 8 --json ab.jsonl
+
+all_reduce compares oneshot, twoshot and psum (sum); rms_norm compares the
+paths all_reduce_rms_norm(algorithm="auto") chooses among: fused_oneshot,
+fused_twoshot and the pair all_reduce+rms_norm (whose all-reduce is
+algorithm="auto"), with psum+norm as the baseline (hidden
+min(4096, elements), as bench). Rank 0 appends one JSON line per size
+(every sample) to --json and prints, per candidate, the median time and
+the median over rounds of its time / the round's fastest.
+jax_ar/selection/defaults.py's CPU curves were fitted to such runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+
+from jax_ar.tools import bench_rank
+from jax_ar.tools.sweep import parse_size
+from jax_ar.tools.timing import calibrate, gather, launches_for
+
+CANDIDATES = {"all_reduce": ("oneshot", "twoshot", "psum"),
+              "rms_norm": ("fused_oneshot", "fused_twoshot", "all_reduce+rms_norm",
+                           "psum+norm")}
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mode", choices=tuple(CANDIDATES), default="all_reduce")
+    p.add_argument("--bytes", default="1K,16K,256K", help="sizes per rank, comma-separated")
+    p.add_argument("--dtype", choices=tuple(ITEMSIZE), default="float32")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--iters", type=int, default=10, help="calls chained per program")
+    p.add_argument("--min-sample-ms", type=float, default=20.0)
+    p.add_argument("--json", default=None, help="file to append results to (rank 0)")
+    ns = p.parse_args()
+    config = dict(iters=ns.iters, eps=1e-6, seed=0, check=True, run_id="interleaved",
+                  warmup=1, launches=2, min_sample_s=ns.min_sample_ms / 1e3,
+                  workspace_bytes=None)
+    runner = bench_rank.Runner(config)
+    candidates = CANDIDATES[ns.mode]
+    leader = jax.process_index() == 0
+    for nbytes in (parse_size(b) for b in ns.bytes.split(",")):
+        count = nbytes // ITEMSIZE[ns.dtype]
+        programs = {}
+        for name in candidates:
+            case = dict(dtype=ns.dtype, op="sum" if ns.mode == "all_reduce" else "rms_norm",
+                        count=count, bytes=nbytes, algorithm=name)
+            if ns.mode == "rms_norm":
+                hidden = min(4096, count)
+                case.update(hidden=hidden, tokens=count // hidden)
+            program, args, chain, check = runner._prepare(case)
+            compiled = runner._compile(program, args, name, chain)
+            run = (lambda c, a: lambda: c(*a))(compiled, args)
+            out = run()
+            wrong = check(out)
+            if wrong:
+                raise AssertionError(f"{name} at {nbytes} bytes: {wrong} wrong elements")
+            launch_s = max(gather("interleaved", f"calibrate/{ns.mode}/{nbytes}/{name}",
+                                  calibrate(run, 1), 600))
+            programs[name] = (run, launches_for(launch_s, 2, config["min_sample_s"]), chain)
+        samples = {name: [] for name in candidates}
+        for k in range(ns.rounds):
+            for name in (candidates if k % 2 == 0 else candidates[::-1]):
+                run, launches, chain = programs[name]
+                start = time.perf_counter()
+                for _ in range(launches):
+                    out = run()
+                jax.block_until_ready(out)
+                samples[name].append((time.perf_counter() - start) * 1e6 / (launches * chain))
+        every = gather("interleaved", f"samples/{ns.mode}/{nbytes}", samples, 600)
+        if not leader:
+            continue
+        slowest = {n: [max(rank[n][k] for rank in every) for k in range(ns.rounds)]
+                   for n in candidates}
+        ratios = {n: statistics.median(slowest[n][k] / min(slowest[m][k] for m in candidates)
+                                       for k in range(ns.rounds)) for n in candidates}
+        print(f"{nbytes:>10} {ns.dtype:>9} " + "  ".join(
+            f"{n} {statistics.median(slowest[n]):.1f} us ({ratios[n]:.2f})" for n in candidates),
+            flush=True)
+        if ns.json:
+            with open(ns.json, "a") as f:
+                f.write(json.dumps({"mode": ns.mode, "dtype": ns.dtype, "bytes": nbytes,
+                                    "samples": slowest, "load": os.getloadavg()[0],
+                                    "time": time.time()}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
