@@ -28,13 +28,6 @@ NOT_REPOSITORY_FILES = {
     "jax_ar/_jax_ar_*.so": "the compiled modules: build outputs",
     "jax_ar/PREBUILT": "written by scripts/build_for_gpu.sh next to prebuilt modules",
 }
-# Dangling names in docs that this file's author may not edit; reported to
-# their owners (the lead: docs/gpu.md; the plan engineer: docs/architecture.md).
-# Remove an entry once its doc is fixed.
-KNOWN_DANGLING = {
-    ("docs/gpu.md", "_cuda_backend.py"),
-    ("docs/architecture.md", "DESIGN.md"),
-}
 _PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./*{},-]*[\w*}])" % "|".join(TREE_FOLDERS))
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _BACKTICKED_FILE = re.compile(r"`([\w.-]+\.(?:py|md|h|cc|cu|cuh|sh))`")
@@ -140,7 +133,7 @@ def test_docs_name_only_files_that_exist():
     for doc in DOCS:
         where = str(doc.relative_to(ROOT))
         for number, what, name in _names_in(doc):
-            if name in NOT_REPOSITORY_FILES or (where, name) in KNOWN_DANGLING:
+            if name in NOT_REPOSITORY_FILES:
                 continue
             if what == "file":
                 ok = name in basenames
