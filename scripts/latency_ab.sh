@@ -15,6 +15,12 @@
 #                                       the jax_ar of DIR (its prebuilt modules:
 #                                       scripts/build_for_gpu.sh) and
 #                                       JAX_AR_EXPERIMENT=EXPERIMENT
+#   "own VARIANT DIR ARGS"              DIR's own benchmarks/per_call_overhead.py
+#                                       (an older tree's method: one launch per
+#                                       sample), its "per call:" lines in the log
+#   "run CMD..."                        any command under the same MPS daemon
+#                                       (python -m jax_ar bench --op rms_norm, a
+#                                       test worker), with this tree's jax_ar
 # each at RANKS (default "2 4 8") ranks. Logs go to OUT.log.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -69,6 +75,24 @@ tree() {  # tree VARIANT DIR EXPERIMENT ARGS...
       "$here/benchmarks/per_call_overhead.py" --variant "$variant" --json "$OUT" "$@") \
       >> "$LOG" 2>&1 || echo "FAILED: $variant at $n ranks" | tee -a "$LOG"
   done
+}
+
+own() {  # own VARIANT DIR ARGS...
+  local variant="$1" dir; dir="$(realpath "$2")"; shift 2
+  local n
+  for n in $RANKS; do
+    echo "===== $variant (own benchmark), $n ranks ($(date -u +%H:%M:%S)): $*" >> "$LOG"
+    (cd "$dir" && PYTHONPATH="$dir" timeout 300 "$PYTHON" -m jax_ar launch --platform gpu \
+      --timeout 280 -n "$n" benchmarks/per_call_overhead.py "$@") 2>&1 \
+      | sed "s/^\(\[rank 0\] \)\?per call:/per call ($variant, $n ranks):/" >> "$LOG" \
+      || echo "FAILED: $variant at $n ranks" | tee -a "$LOG"
+  done
+}
+
+run() {  # run CMD...
+  echo "===== run ($(date -u +%H:%M:%S)): $*" >> "$LOG"
+  PYTHONPATH="$here" JAX_AR_TEST_PLATFORM=gpu timeout 300 "$@" >> "$LOG" 2>&1 \
+    || echo "FAILED: $*" | tee -a "$LOG"
 }
 
 for job in "$@"; do

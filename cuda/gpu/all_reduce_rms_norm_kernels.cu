@@ -61,15 +61,18 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) OneShotRmsNormKernel(
   const int64_t first_base = static_cast<int64_t>(blockIdx.x) * rows_at_once;
   const int64_t base_stride = static_cast<int64_t>(gridDim.x) * rows_at_once;
   // Every row of this block goes out before the first wait: a block with
-  // several rows then waits for one exchange, not one per row.
+  // several rows then waits for one exchange, not one per row. The first
+  // row's vectors stay in registers for its sum.
+  uint4 first_row[kVectors];
   for (int64_t base = first_base; base < a.rows; base += base_stride) {
     const int64_t row = base + threadIdx.x / tpr;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
       if (row >= a.rows || i >= a.row_vectors) continue;
-      SendPacketPair(a, parity, a.slot_bytes, 2 * (row * a.row_vectors + i),
-                     LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i), flag);
+      const uint4 v = LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
+      if (base == first_base) first_row[k] = v;
+      SendPacketPair(a, parity, a.slot_bytes, 2 * (row * a.row_vectors + i), v, flag);
     }
   }
   for (int64_t base = first_base; base < a.rows; base += base_stride) {
@@ -79,8 +82,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) OneShotRmsNormKernel(
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
-      // From L2 (the loop above read it).
-      if (active && i < a.row_vectors) mine[k] = LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
+      if (!active || i >= a.row_vectors) continue;
+      // Later rows from L2 (the loop above read them).
+      mine[k] = base == first_base ? first_row[k] : LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
     }
     NormalizeReducedRow<D, R, kPostNorm, kVectors>(
         a, row, active, partials,

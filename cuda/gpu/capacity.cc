@@ -32,13 +32,6 @@ KernelPlan PlanKernel(const DataLayout& layout, int world, AllReduceKernel kerne
           RoundCapacity(layout, world, Algorithm::kTwoShot)};
 }
 
-KernelPlan PlanKernel(const DataLayout& layout, int world, Algorithm algorithm, uint64_t total) {
-  if (algorithm == Algorithm::kOneShot) return PlanKernel(layout, world, AllReduceKernel::kOneShot);
-  const KernelPlan ll = PlanKernel(layout, world, AllReduceKernel::kTwoShotLL);
-  if (total <= kTwoShotLLMaxBytes && ll.capacity > 0) return ll;
-  return PlanKernel(layout, world, AllReduceKernel::kTwoShotPlain);
-}
-
 uint64_t SenderShare(const DataLayout& layout, int world) { return layout.plain_half / world; }
 
 int64_t FusedRowsPerLaunch(const DataLayout& layout, int world, Algorithm algorithm,

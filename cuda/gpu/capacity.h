@@ -22,22 +22,15 @@ uint64_t RoundCapacity(const DataLayout& layout, int world, Algorithm algorithm)
 /// one-shot, and the two-shot over LL packets or over plain data and flags.
 enum class AllReduceKernel { kOneShot, kTwoShotLL, kTwoShotPlain };
 
-/// Which kernel serves an all-reduce, its slot size and what one launch
-/// carries: from the algorithm and the call's packed size (every rank
-/// decides the same), or for a kernel chosen outright (the protocol probe).
-/// Two-shot calls up to kTwoShotLLMaxBytes take the LL kernel.
+/// A kernel's slot size and what one launch of it carries (every rank
+/// computes the same). Which kernel runs is the Python plan's choice (the
+/// handler's algorithm code); the cost model knows all three.
 struct KernelPlan {
   AllReduceKernel kernel;
   uint64_t slot_bytes;
   uint64_t capacity;
 };
-KernelPlan PlanKernel(const DataLayout& layout, int world, Algorithm algorithm, uint64_t total);
 KernelPlan PlanKernel(const DataLayout& layout, int world, AllReduceKernel kernel);
-
-/// Two-shot carries a call of at most this many bytes over LL packets (twice
-/// the bytes of plain data, but no fence and no flag round per block):
-/// latency counts more than bandwidth there (docs/gpu.md has the figures).
-inline constexpr uint64_t kTwoShotLLMaxBytes = 1 << 20;
 
 /// One sender's share of a plain half: what the fused kernel's two-shot
 /// layout divides into rows (common/fused_row_fit.h).
