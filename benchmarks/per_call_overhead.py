@@ -39,6 +39,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import time
 
 import jax
@@ -69,7 +70,6 @@ def tree_commit() -> str:
     except OSError:
         pass
     try:
-        import subprocess
         return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -108,6 +108,8 @@ def main():
                         help="sizes at which the copy baseline runs (default: every --bytes size)")
     parser.add_argument("--variant", default="main", help="name of this tree or setting in the JSON")
     parser.add_argument("--json", default=None, help="also append the JSON lines to this file")
+    parser.add_argument("--dump-hlo", default=None,
+                        help="rank 0 writes each case's optimized program (HLO text) here")
     args = parser.parse_args()
 
     commit = tree_commit()
@@ -147,6 +149,11 @@ def main():
         x = jax.make_array_from_callback(data.shape, jax.sharding.NamedSharding(mesh, P("tp")),
                                          lambda idx: data[idx])
         program = wrap(chain(step, args.calls))
+        if args.dump_hlo and me == 0:
+            os.makedirs(args.dump_hlo, exist_ok=True)
+            name_of = f"{name.replace(' ', '_')}_{nbytes}.txt"
+            with open(os.path.join(args.dump_hlo, name_of), "w") as f:
+                f.write(program.lower(x).compile().as_text())
         one_launch, handler_runs = timed(program, x, args.repeats, comm.handler_calls)
         before = comm.handler_calls()
         per_call_us, samples, _ = timing.measure(lambda: program(x), args.calls, args.launches,
@@ -155,7 +162,6 @@ def main():
         row = {
             "commit": commit,
             "variant": args.variant,
-            "experiment": os.environ.get("JAX_AR_EXPERIMENT", "0"),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": jax.devices()[0].device_kind,
             "jax": jax.__version__,

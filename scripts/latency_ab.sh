@@ -11,10 +11,9 @@
 # JOB is one quoted word list:
 #   "probe SIZES"                       ../shared/probes/ll_floor.py (carried in
 #                                       ./probes), SIZES like 1K,16K,256K
-#   "tree VARIANT DIR EXPERIMENT ARGS"  benchmarks/per_call_overhead.py ARGS with
+#   "tree VARIANT DIR ARGS"             benchmarks/per_call_overhead.py ARGS with
 #                                       the jax_ar of DIR (its prebuilt modules:
-#                                       scripts/build_for_gpu.sh) and
-#                                       JAX_AR_EXPERIMENT=EXPERIMENT
+#                                       scripts/build_for_gpu.sh)
 #   "own VARIANT DIR ARGS"              DIR's own benchmarks/per_call_overhead.py
 #                                       (an older tree's method: one launch per
 #                                       sample), its "per call:" lines in the log
@@ -65,12 +64,12 @@ PY
   done
 }
 
-tree() {  # tree VARIANT DIR EXPERIMENT ARGS...
-  local variant="$1" dir; dir="$(realpath "$2")"; local experiment="$3"; shift 3
+tree() {  # tree VARIANT DIR ARGS...
+  local variant="$1" dir; dir="$(realpath "$2")"; shift 2
   local n
   for n in $RANKS; do
     echo "===== $variant, $n ranks ($(date -u +%H:%M:%S)): $*" >> "$LOG"
-    (cd "$dir" && PYTHONPATH="$dir" JAX_AR_EXPERIMENT="$experiment" timeout 300 \
+    (cd "$dir" && PYTHONPATH="$dir" timeout 300 \
       "$PYTHON" -m jax_ar launch --platform gpu --timeout 280 -n "$n" \
       "$here/benchmarks/per_call_overhead.py" --variant "$variant" --json "$OUT" "$@") \
       >> "$LOG" 2>&1 || echo "FAILED: $variant at $n ranks" | tee -a "$LOG"

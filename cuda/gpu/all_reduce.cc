@@ -9,7 +9,6 @@
 // kMaxSegmentsPerLaunch arrays; each launch is a complete protocol instance.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -21,16 +20,7 @@
 
 namespace jax_ar::gpu {
 
-uint32_t ProcessExperiment() {
-  static const uint32_t bits = [] {
-    const char* text = std::getenv("JAX_AR_EXPERIMENT");
-    return text == nullptr ? 0u : static_cast<uint32_t>(std::strtoul(text, nullptr, 0));
-  }();
-  return bits;
-}
-
 void FillProtocolArgs(const RankState& state, Operation operation, ProtocolArgs& a) {
-  a.experiment = ProcessExperiment();
   for (int r = 0; r < state.world; ++r) a.workspaces[r] = state.workspaces[r];
   a.local = state.local;
   a.record = state.record_device;
@@ -50,10 +40,14 @@ ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err) 
   return Internal(Unusable(core));
 }
 
-int OneShotBlocks(uint64_t bytes, int world, int threads) {
+LaunchShape OneShotShape(uint64_t bytes, int world, int threads) {
   const uint64_t vectors = (bytes + 15) / 16;
+  const uint64_t cap = static_cast<uint64_t>(BlockCap(world));
+  if (threads == 0) {
+    threads = vectors <= cap * kOneShotThreads ? kOneShotThreads : kOneShotMaxThreads;
+  }
   const uint64_t blocks = (vectors + threads - 1) / threads;
-  return static_cast<int>(std::clamp<uint64_t>(blocks, 1, BlockCap(world)));
+  return {static_cast<int>(std::clamp<uint64_t>(blocks, 1, cap)), threads};
 }
 
 TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads) {
@@ -127,14 +121,13 @@ int LLTwoShotBlocks(uint64_t chunk_bytes, int world) {
 
 ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
                         uint64_t total, ReduceOp op, Algorithm algorithm, const KernelPlan& kernel,
-                        uint32_t experiment = 0, int one_shot_threads = kOneShotThreads) {
+                        int one_shot_threads = 0) {
   if (kernel.capacity == 0) {
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }
   const uint64_t signature = CallSignature(pieces, op, algorithm, state.world);
   LaunchArgs a{};
   FillProtocolArgs(state, kOperation, a);
-  a.experiment |= experiment;
   a.slot_bytes = kernel.slot_bytes;
   a.op = static_cast<int32_t>(op);
 
@@ -164,10 +157,12 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
     int blocks = 1;
     int threads = kOneShotThreads;
     switch (kernel.kernel) {
-      case AllReduceKernel::kOneShot:
-        threads = one_shot_threads;
-        blocks = OneShotBlocks(a.bytes, state.world, threads);
+      case AllReduceKernel::kOneShot: {
+        const LaunchShape shape = OneShotShape(a.bytes, state.world, one_shot_threads);
+        blocks = shape.blocks;
+        threads = shape.threads;
         break;
+      }
       case AllReduceKernel::kTwoShotLL:
         // At least one vector per rank: every rank then sends to every peer.
         a.chunk_bytes = std::max<uint64_t>(kAlign, AlignUp((a.bytes + state.world - 1) / state.world));
@@ -193,8 +188,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
 }  // namespace
 
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel, uint32_t experiment,
-                       int one_shot_threads) {
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads) {
   Piece p;
   if (!ToDtype(in.element_type(), p.dtype)) {
     return InvalidArgument(std::string("protocol_probe does not support dtype ") +
@@ -208,8 +202,7 @@ ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuff
   const Algorithm algorithm =
       kernel == AllReduceKernel::kOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot;
   return RunAllReduce(stream, state, {p}, AlignUp(p.bytes), ReduceOp::kSum, algorithm,
-                      PlanKernel(state.layout(), state.world, kernel), experiment,
-                      one_shot_threads);
+                      PlanKernel(state.layout(), state.world, kernel), one_shot_threads);
 }
 
 namespace {

@@ -85,14 +85,13 @@ __device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const Launch
 }
 
 template <int kSegments>
-__global__ void __launch_bounds__(kOneShotThreads, 2)
+__global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   // The input does not depend on the launch number: its load is issued
   // before BeginLaunch's, so the two round trips overlap.
-  AwaitPreviousKernel();
   int hint = 0;
   const uint4 first_input = LoadPacked(a, 16 * first, hint);
   LaunchContext ctx;
@@ -296,38 +295,21 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
   result->status = kProbeOk;
 }
 
-// Launches `kernel` with `args`; with programmatic stream serialization
-// (kExpPdl) the kernel may start before the previous kernel of the stream
-// has finished, and waits for it in AwaitPreviousKernel.
-template <typename Args>
-cudaError_t LaunchKernel(void (*kernel)(Args), const Args& args, int blocks, int threads,
-                         cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  if (args.experiment & kExpPdl) {
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&config, kernel, args);
-}
-
 template <int kSegments>
 cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
                    int threads, cudaStream_t stream) {
   switch (kernel) {
     case AllReduceKernel::kOneShot:
-      return LaunchKernel(OneShotKernel<kSegments>, args, blocks, threads, stream);
+      OneShotKernel<kSegments><<<blocks, threads, 0, stream>>>(args);
+      break;
     case AllReduceKernel::kTwoShotLL:
-      return LaunchKernel(TwoShotLLKernel<kSegments>, args, blocks, kOneShotThreads, stream);
+      TwoShotLLKernel<kSegments><<<blocks, kOneShotThreads, 0, stream>>>(args);
+      break;
     case AllReduceKernel::kTwoShotPlain:
-      return LaunchKernel(TwoShotKernel<kSegments>, args, blocks, kTwoShotThreads, stream);
+      TwoShotKernel<kSegments><<<blocks, kTwoShotThreads, 0, stream>>>(args);
+      break;
   }
-  return cudaErrorInvalidValue;
+  return cudaGetLastError();
 }
 
 }  // namespace

@@ -23,7 +23,13 @@ ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err);
 
 // Launch configuration, from static sizes and the world size only, so that
 // every rank launches the same grid and cuts data into the same pieces.
-int OneShotBlocks(uint64_t bytes, int world, int threads = kOneShotThreads);
+// One-shot: kOneShotThreads a block while one vector a thread fits the
+// block budget, else kOneShotMaxThreads (threads > 0 forces a block size).
+struct LaunchShape {
+  int blocks;
+  int threads;
+};
+LaunchShape OneShotShape(uint64_t bytes, int world, int threads = 0);
 struct TwoShotPlan {
   uint64_t chunk_bytes;
   uint64_t vectors_per_block;
@@ -35,12 +41,10 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 // f16, s32); false for any other.
 bool ToDtype(ffi::DataType t, Dtype& d);
 
-// The sum over the ranks of one array, with `kernel` (the protocol probe),
-// `experiment` bits (layout.h kExp*) and one-shot blocks of
-// `one_shot_threads`.
+// The sum over the ranks of one array, with `kernel` (the protocol probe)
+// and one-shot blocks of `one_shot_threads` (0: OneShotShape's choice).
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel, uint32_t experiment = 0,
-                       int one_shot_threads = kOneShotThreads);
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads = 0);
 
 // How often the all-reduce handler ran in this process: under CUDA graphs
 // it runs when XLA records a graph, not per call (benchmarks report it).

@@ -168,16 +168,6 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
   }
 }
 
-// Before a kernel reads anything an earlier kernel of the stream wrote (its
-// input, the launch count): with programmatic dependent launch the kernel
-// may start while the previous one still runs, and this waits for it; a
-// kernel launched without it returns at once.
-__device__ __forceinline__ void AwaitPreviousKernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // Every block, first thing: the launch number, or live=false when the launch
 // is stale or the rank aborted (then nothing else may be touched). Block 0
 // also claims the number; the claim is checked only at the end (CheckAlone).
@@ -185,11 +175,9 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
   uint64_t claimed = 0;
-  AwaitPreviousKernel();
   if (threadIdx.x == 0) {
-    const int counter = (a.experiment & kExpAtomicCount) ? 0 : blockIdx.x;
     const uint64_t token = LoadVolatile64(&a.local->token);
-    const uint64_t completed = LoadVolatile64(&a.local->completed[counter]);
+    const uint64_t completed = LoadVolatile64(&a.local->completed[blockIdx.x]);
     const uint32_t abort = LoadVolatile32(&a.local->abort);
     int live = token == a.token;  // only then is the slot ours to change
     if (live && abort != 0) {
@@ -246,26 +234,15 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
 // of the next launch may read holds it, whatever that launch's grid, and no
 // counter is written by two blocks of one launch: no block waits for
 // another, and none needs to know whether it is the last (no atomic, no
-// fence). The next launch of the stream starts only once this one has
-// finished. Each block also looks for a failure a peer told this rank
+// fence; measured as fast as one counter that the last block stores after
+// an atomic count, docs/gpu.md). The next launch of the stream starts only
+// once this one has finished. Each block also looks for a failure a peer told this rank
 // about: a launch whose data all arrived never polls long enough to see it
 // (a peer may time out after sending), and the next launches must know the
 // communicator broke.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
   CheckAlone(a, ctx);
   __syncthreads();
-  if (a.experiment & kExpAtomicCount) {
-    if (threadIdx.x == 0) {
-      const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
-      __threadfence();
-      if (atomicAdd(&a.local->blocks_done, 1u) == gridDim.x - 1) {
-        if (told != 0) Abort(a, told, ctx.launch);
-        a.local->blocks_done = 0;
-        StoreVolatile64(&a.local->completed[0], ctx.launch);
-      }
-    }
-    return;
-  }
   if (threadIdx.x == 0) {
     const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
     if (told != 0) Abort(a, told, ctx.launch);

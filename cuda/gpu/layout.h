@@ -46,10 +46,14 @@ inline constexpr int BlockCap(int world) {
 }
 
 // The LL kernels (one-shot, LL two-shot) keep every peer's packets of a
-// vector in flight at once (packets.cuh): about 130 registers a thread, so
-// blocks of 128 threads (two fit an SM). Measured on the H200: 128 faster
-// than 256 and 512 at 2, 4 and 8 ranks (docs/gpu.md).
+// vector in flight at once (packets.cuh): about 230 registers a thread. The
+// one-shot gives each thread one vector in blocks of kOneShotThreads (two
+// fit an SM) while the block budget allows, and blocks of
+// kOneShotMaxThreads (one an SM) for larger messages, whose threads then
+// hold half as many vectors (each costs a round trip). Measured on the
+// H200: docs/gpu.md.
 inline constexpr int kOneShotThreads = 128;
+inline constexpr int kOneShotMaxThreads = 256;
 inline constexpr int kTwoShotThreads = 512;
 
 // Arrays one launch carries; a call with more leaves takes several launches.
@@ -104,7 +108,6 @@ static_assert(sizeof(PeerControl) <= kControlBytes, "peer control block outgrew 
 struct alignas(64) LocalControl {
   uint64_t token;    // identifies the registration; 0 once closed
   uint64_t started;  // launches claimed; differs from completed + 1 only if two overlap
-  uint32_t blocks_done;
   uint32_t abort;     // encoded failure (EncodeAbort), 0 while healthy
   uint32_t reported;  // the failure record has been written
   // launches finished, one counter per block index (launch_protocol.cuh)
@@ -196,13 +199,7 @@ struct ProtocolArgs {
   int32_t rank;
   int32_t world;
   Operation operation;  // the public call this launch serves, for failure records
-  uint32_t experiment;  // kExp* bits: protocol variants measured side by side (A/B only)
 };
-
-// A/B variants (JAX_AR_EXPERIMENT, read once per process).
-inline constexpr uint32_t kExpAtomicCount = 1;  // one launch counter, last block stores it
-inline constexpr uint32_t kExpSequentialWait = 2;  // one-shot: one peer at a time
-inline constexpr uint32_t kExpPdl = 4;  // launch with programmatic stream serialization
 
 // One launch of the all-reduce kernels, carrying up to kSegments arrays.
 // Kernel parameters are copied at every launch (also on CUDA-graph replay),

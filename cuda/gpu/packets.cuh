@@ -89,7 +89,6 @@ __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacke
                                             Waiter& waiter, uint4 mine, RankBatch<kWidth>& b) {
   const uint64_t slot_packets = slot_bytes / sizeof(LLPacket);
   const auto pair_of = [&](int s) { return half + s * slot_packets + packet; };
-  const bool one_by_one = (a.experiment & kExpSequentialWait) != 0;
   b.count = min(kWidth, a.world - b.base);
   uint32_t pending = 0;
 #pragma unroll
@@ -101,7 +100,7 @@ __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacke
       pending |= 1u << j;
     }
   }
-  if (!one_by_one) ReadPending(pair_of, flag, pending, b);
+  ReadPending(pair_of, flag, pending, b);
   while (pending != 0) {
     // The first missing rank alone, until its pair is in.
     const int first = __ffs(pending) - 1;
@@ -116,9 +115,8 @@ __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacke
       if (j == first) b.data[j] = PairData(lo, hi);
     }
     pending &= pending - 1;
-    // Then every rank still missing, read again together (A/B variant: none;
-    // each is awaited in its turn).
-    if (pending != 0 && !one_by_one) ReadPending(pair_of, flag, pending, b);
+    // Then every rank still missing, read again together.
+    if (pending != 0) ReadPending(pair_of, flag, pending, b);
   }
   return true;
 }

@@ -34,17 +34,10 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL);
     case ProbeStage::kTwoShotPlain:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotPlain);
-    case ProbeStage::kOneShotSequential:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, kExpSequentialWait);
-    case ProbeStage::kOneShotPdl:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, kExpPdl);
-    case ProbeStage::kOneShot64:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 64);
-    case ProbeStage::kOneShot32:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0, 32);
-    case ProbeStage::kTwoShotLLSequential:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL,
-                         kExpSequentialWait);
+    case ProbeStage::kOneShot128:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 128);
+    case ProbeStage::kOneShot256:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 256);
     default:
       break;
   }

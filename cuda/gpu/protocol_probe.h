@@ -20,13 +20,10 @@ enum class ProbeStage : int32_t {
   kOneShot = 4,       // the one-shot all-reduce
   kTwoShotLL = 5,     // the two-shot all-reduce over LL packets
   kTwoShotPlain = 6,  // the two-shot all-reduce over plain data and flags
-  // A/B variants of the kernels (layout.h kExp*):
-  kOneShotSequential = 7,   // one-shot awaiting one peer at a time
-  kOneShotPdl = 8,          // one-shot launched with programmatic stream serialization
-  kOneShot64 = 9,           // one-shot in blocks of 64 threads
-  kOneShot32 = 10,          // one-shot in blocks of 32 threads
-  kTwoShotLLSequential = 11,  // LL two-shot awaiting one peer at a time
-  kLastStage = kTwoShotLLSequential,
+  // The one-shot's block size forced (OneShotShape chooses it by size):
+  kOneShot128 = 7,          // blocks of 128 threads at every size
+  kOneShot256 = 8,          // blocks of 256 threads at every size
+  kLastStage = kOneShot256,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

@@ -5,7 +5,8 @@ breakdown (benchmarks/per_call_overhead.py --stages) chains and times.
 Stages, each the previous plus one piece: "empty" (a kernel that does
 nothing), "launch" (the launch protocol), "header" (the call-header
 exchange), "packet" (one LL packet pair to and from every peer); and the
-real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain".
+real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain", and
+the one-shot with its block size forced ("oneshot_t128", "oneshot_t256").
 """
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ from .plan import not_serving
 __all__ = ["STAGES", "protocol_probe"]
 
 STAGES = ("empty", "launch", "header", "packet", "oneshot", "twoshot_ll", "twoshot_plain",
-          "oneshot_sequential", "oneshot_pdl", "oneshot_t64", "oneshot_t32",
-          "twoshot_ll_sequential")
+          "oneshot_t128", "oneshot_t256")
 
 
 def _ffi_attributes(*, comm_id, stage, **_):
