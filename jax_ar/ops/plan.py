@@ -180,25 +180,25 @@ def plan_one_axis(what, axis, comm, leaves, op, algorithm, unserved: Reason | No
 
 
 def _one_axis_steps(axis, comm, specs, op, algorithm, unserved) -> list:
-    everything = tuple(specs)
+    # An empty array is a constant whatever serves the rest: nothing is
+    # exchanged (and XLA:CPU's compiler crashes on a psum of one, jax 0.11.2).
+    empty = tuple(i for i in specs if _nbytes(specs[i]) == 0)
+    steps = [Step(CONSTANT, empty, op, (axis,), reason=_EMPTY)] if empty else []
+    rest = tuple(i for i in specs if i not in empty)
+    if not rest:
+        return steps
     reason = unserved or _not_serving_reason(comm)
     if algorithm == "psum":
-        return [Step(LAX, everything, op, (axis,), reason=_PSUM_ASKED)]
+        return steps + [Step(LAX, rest, op, (axis,), reason=_PSUM_ASKED)]
     if reason:
-        return [Step(LAX, everything, op, (axis,), reason=reason)]
-    steps = []
+        return steps + [Step(LAX, rest, op, (axis,), reason=reason)]
     # Integer averages follow pmean: the kernels sum, then true division
     # (float32). Leaves that need another kernel op go in separate calls.
-    kernel_op = {i: "sum" if op == "avg" and dtype == np.int32 else op
-                 for i, (_, dtype) in specs.items()}
+    kernel_op = {i: "sum" if op == "avg" and specs[i][1] == np.int32 else op for i in rest}
     for each_op in dict.fromkeys(kernel_op.values()):
-        mine = [i for i in specs if kernel_op[i] == each_op]
-        empty = tuple(i for i in mine if _nbytes(specs[i]) == 0)
-        if empty:
-            steps.append(Step(CONSTANT, empty, op, (axis,), reason=_EMPTY))
+        mine = [i for i in rest if kernel_op[i] == each_op]
         divide = comm.world_size if each_op != op else 1
-        for group in _pack([i for i in mine if i not in empty], specs,
-                           comm.capacity_bytes("twoshot")):
+        for group in _pack(mine, specs, comm.capacity_bytes("twoshot")):
             kernel = selection.choose_kernel(comm, algorithm, sum(_padded(specs[i]) for i in group))
             if kernel == "psum":
                 steps.append(Step(LAX, group, op, (axis,), reason=_PSUM_CHOSEN))
@@ -211,12 +211,18 @@ def _plan_multi_axis(what, axes, specs, op, algorithm) -> list:
     """jax_ar over the inner axis (the largest group jax_ar serves), XLA's
     collectives over the others; leaves of one dtype travel as one flat
     message. docs/multi_axis.md."""
+    # An empty array is a constant whatever serves the rest (_one_axis_steps).
+    empty = tuple(i for i, s in specs.items() if _nbytes(s) == 0)
+    rest = tuple(i for i in specs if i not in empty)
+    constant = [Step(CONSTANT, empty, op, axes, reason=_EMPTY)] if empty else []
+    if not rest:
+        return constant
     inner, comm, why_not = inner_axis(axes, what)
     if comm is None:
         reason = _unknown_devices(axes) if why_not is None else Reason(why_not, _COMM_TODO)
-        return [Step(LAX, tuple(specs), op, axes, reason=reason)]
+        return constant + [Step(LAX, rest, op, axes, reason=reason)]
     if algorithm == "psum":
-        return [Step(LAX, tuple(specs), op, axes, reason=_PSUM_ASKED)]
+        return constant + [Step(LAX, rest, op, axes, reason=_PSUM_ASKED)]
     outer = tuple(a for a in axes if a != inner)
     mesh = jax.sharding.get_abstract_mesh()
     hosts = int(np.prod([mesh.shape[a] for a in outer]))
@@ -233,13 +239,9 @@ def _plan_multi_axis(what, axes, specs, op, algorithm) -> list:
     kernel_op = "sum" if op == "avg" else op
     divide = total if op == "avg" else 1
     axes = (inner,) + outer
-    steps, by_dtype = [], {}
-    empty = tuple(i for i, s in specs.items() if _nbytes(s) == 0)
-    if empty:
-        steps.append(Step(CONSTANT, empty, kernel_op, axes, reason=_EMPTY, divide=divide))
-    for i, spec in specs.items():
-        if i not in empty:
-            by_dtype.setdefault(spec[1], []).append(i)
+    steps, by_dtype = constant, {}
+    for i in rest:
+        by_dtype.setdefault(specs[i][1], []).append(i)
     for members in by_dtype.values():
         flat = ((sum(_nbytes(specs[i]) for i in members),), np.uint8)  # one message
         kernel = (selection.choose_kernel(comm, inner_algorithm, _padded(flat))
