@@ -45,6 +45,12 @@ ProcessIdentity OwnerOf(const RankState& state, int rank) {
   return {status.owner_pid, status.owner_pid_namespace, status.owner_start_ticks};
 }
 
+// A peer whose process ended without closing: killed (by a signal, or a
+// crash), not a program that ended normally.
+bool DiedActive(const RankState& state, int peer) {
+  return HealthOf(state, peer) == RankHealth::kActive && HasExited(OwnerOf(state, peer));
+}
+
 // Why `sender`, whose data this rank still waits for, will never send it
 // (a failure's core): any rank has failed, or the sender has closed or its
 // process is gone; "" while it may still come.
@@ -148,7 +154,10 @@ std::vector<std::string> CallsNeverMade(RankState& state, double linger_s) {
                                         std::chrono::duration<double>(linger_s));
   auto all_peers_done = [&] {
     for (int peer = 0; peer < state.world; ++peer) {
-      if (peer != state.rank && HealthOf(state, peer) == RankHealth::kActive) return false;
+      if (peer != state.rank && HealthOf(state, peer) == RankHealth::kActive &&
+          !HasExited(OwnerOf(state, peer))) {
+        return false;
+      }
     }
     return true;
   };
@@ -158,7 +167,7 @@ std::vector<std::string> CallsNeverMade(RankState& state, double linger_s) {
   }
   const uint64_t mine = state.control(state.rank).epoch;
   for (int peer = 0; peer < state.world; ++peer) {
-    if (peer == state.rank) continue;
+    if (peer == state.rank || DiedActive(state, peer)) continue;
     const uint64_t theirs = LoadAcquire(state.control(peer).epoch);
     if (theirs <= mine) continue;
     diverged.push_back(ClosedBeforePeerText(state.rank, state.label, mine, peer, theirs));

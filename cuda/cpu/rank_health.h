@@ -66,10 +66,13 @@ std::string CommunicatorFailure(RankState& state);
 void MarkClosed(RankState& state);
 
 // After MarkClosed (of every rank of this process): waits up to `linger_s`
-// for every peer to close or fail, then returns one message for each peer
-// that started a call this rank never made (the ranks made different calls;
-// that call of the peer fails). Lingering makes the report certain at
-// process exit, where every rank ends up waiting for its peers anyway.
+// for every peer to close, fail or exit, then returns one message for each
+// live peer that started a call this rank never made (the ranks made
+// different calls; that call of the peer fails). A peer whose process ended
+// without closing (killed, by a signal or a crash) is not counted: the call
+// it had started is the one it died in, not one its program added.
+// Lingering makes the report certain at process exit, where every rank ends
+// up waiting for its peers anyway.
 std::vector<std::string> CallsNeverMade(RankState& state, double linger_s);
 
 }  // namespace jax_ar::cpu
