@@ -176,15 +176,16 @@ class Job:
     (signal.SIGHUP, "run"),
     (signal.SIGINT, "run"),
     (signal.SIGINT, "grace"),
+    (signal.SIGTERM, "calls"),
 ])
 def test_signal_is_forwarded_and_no_rank_outlives_the_launcher(signum, moment):
     name = signal.Signals(signum).name
-    job = Job("fail_others_loop" if moment == "grace" else "loop", "1",
-              grace=60 if moment == "grace" else None)
+    mode = {"grace": "fail_others_loop", "calls": "loop_calls"}.get(moment, "loop")
+    job = Job(mode, "1", grace=60 if moment == "grace" else None)
     try:
         if moment == "startup":  # a rank's process exists; it is still importing jax
             wait_for(lambda: job.ranks(), 60, "a rank process")
-        elif moment == "run":
+        elif moment in ("run", "calls"):
             wait_for(lambda: job.printed("looping", 2), 60, "both ranks looping")
         else:  # rank 1 failed; rank 0 runs on in the launcher's (60 s) grace
             wait_for(lambda: job.printed("looping") and job.printed("failing on purpose"), 60,
@@ -201,6 +202,14 @@ def test_signal_is_forwarded_and_no_rank_outlives_the_launcher(signum, moment):
         assert "Traceback" not in err + "".join(job.out), err + "".join(job.out)
         if moment == "grace":
             assert "rank 1 failed (exit code 3)" in last, err
+        if moment in ("run", "calls"):
+            # Every rank reports the stop as a stop, not as a bug of the
+            # program: ranks stopped between calls and ranks stopped in one
+            # (whose peer has gone) alike.
+            out = "".join(job.out)
+            for rank in (0, 1):
+                assert f"[rank {rank}] jax_ar: rank {rank} stopped by {name}" in out, out
+            assert "made different calls" not in out + err, out + err
         assert took < launch_module.STOP_GRACE_S + 5, f"the launcher took {took:.1f} s"
         # No process of the job is left (killed ones may take a moment to go).
         wait_for(lambda: not job.ranks(), 5, f"the ranks to end; left: {job.ranks()}")

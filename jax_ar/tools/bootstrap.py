@@ -8,9 +8,10 @@ poll it, which is what makes gRPC and absl print errors at exit).
 
 SIGTERM and SIGHUP (which the launcher forwards) raise SystemExit(128 + N)
 in the script, as SIGINT raises KeyboardInterrupt, so its `finally` blocks
-run; the rank then closes its communicators and exits 128 + N at once,
-without a traceback and without waiting for its peers in jax.distributed's
-shutdown (they are being stopped too).
+run; the rank then says it was stopped by the signal, closes its
+communicators and exits 128 + N at once, without a traceback and without
+waiting for its peers in jax.distributed's shutdown (they are being stopped
+too).
 """
 from __future__ import annotations
 
@@ -120,13 +121,25 @@ def _catch_stop_signals() -> None:
 
 
 def _stop(signum: int) -> None:
-    """Ends this rank after a forwarded signal: communicators closed (peers
-    see it at once), no traceback, no wait in jax.distributed's shutdown."""
+    """Ends this rank after a forwarded signal: one line saying so,
+    communicators closed (peers see it at once), no traceback, no wait in
+    jax.distributed's shutdown.
+
+    What close() would report here is the stop's doing, not a bug: a peer
+    that the signal reached later, or that was waiting in a call when it
+    came, has started a call this rank will never make. The close reports
+    it as "the ranks made different calls" (it cannot know why this rank
+    closes), so its log records are dropped: the signal is the report."""
     for s in STOP_SIGNALS:  # a second signal must not interrupt the exit
         signal.signal(s, signal.SIG_IGN)
+    print(f"jax_ar: rank {os.environ.get('JAX_AR_PROCESS_ID', '0')} stopped by "
+          f"{signal.Signals(signum).name}", file=sys.stderr, flush=True)
     try:
+        import logging
+
         from jax_ar.comm import communicator
 
+        logging.getLogger("jax_ar").disabled = True
         for comm in communicator.open_communicators():
             comm.close()
     except BaseException:

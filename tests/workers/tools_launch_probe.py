@@ -5,6 +5,8 @@ ok       every rank ends at once
 fail     the target exits 3; the others end at once
 hang     the target sleeps; the others end at once
 loop     every rank prints "looping" and sleeps (until stopped)
+loop_calls  every rank sets up jax_ar, prints "looping" and runs all_reduces
+         (until stopped)
 fail_others_loop  the target exits 3; the others sleep (until stopped)
 die_in_call  every rank sets up jax_ar; the target SIGKILLs itself while the
          others wait for it in an all_reduce (which then fails)
@@ -40,7 +42,7 @@ if me == target:
         sys.exit(3)
     if mode == "hang":
         time.sleep(600)
-if mode == "die_in_call":
+if mode in ("die_in_call", "loop_calls"):
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
@@ -53,6 +55,11 @@ if mode == "die_in_call":
     x = jax.device_put(np.ones(4 * jax.device_count(), np.float32),
                        jax.sharding.NamedSharding(mesh, P("tp")))
     reduce.lower(x).compile()
+    if mode == "loop_calls":
+        jax.block_until_ready(reduce(x))
+        print("looping", flush=True)
+        while True:
+            jax.block_until_ready(reduce(x))
     if me == target:
         time.sleep(1.0)  # the others are waiting in the call by now
         os.kill(os.getpid(), signal.SIGKILL)
