@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from jax_ar.tools import launch as launch_module
+from jax_ar.tools import relay
 from jax_ar.tools.launch import launch
 
 from harness import WORKERS, runs_on
@@ -88,7 +89,7 @@ def test_a_rank_killed_from_outside_is_the_first_to_fail(monkeypatch):
     error rank 0 reports milliseconds later. With the launcher looking only
     every 1.5 s, both are seen at once: the order comes from when each
     happened, not from which rank the launcher looked at first."""
-    monkeypatch.setattr(launch_module, "POLL_S", 1.5)
+    monkeypatch.setattr(relay, "POLL_S", 1.5)
     result = launch(PROBE, ["die_in_call", "1"], num_processes=2, platform="cpu",
                     timeout_s=120, stream=False, env=dict(os.environ, JAX_AR_TIMEOUT_S="30"))
     assert result.first_failed_rank == 1, result.summary()
