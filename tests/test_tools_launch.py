@@ -67,10 +67,12 @@ def test_collectives_chatter_and_exit_noise_are_dropped_but_logged(tmp_path):
     assert result.ok, result.summary()
     for rank, log in enumerate(result.logs):
         assert "my own line" in log
-        for noise in ("[Gloo]", "WatchTasksAsync", "Check failure", "0x7f0000000000"):
+        for noise in ("[Gloo]", "WatchTasksAsync", "Check failure", "0x7f0000000000", "GRPC",
+                      "UNAVAILABLE", "Source Location", "grpc_util.h"):
             assert noise not in log, log
+        assert "my last line" in log, log  # the first line after a gRPC message is kept
         kept = (tmp_path / f"rank{rank}.log").read_text()  # --log-dir keeps everything
-        assert "[Gloo]" in kept and "WatchTasksAsync" in kept
+        assert "[Gloo]" in kept and "WatchTasksAsync" in kept and "grpc_util.h" in kept
 
 
 def test_module_runs_like_python_dash_m():

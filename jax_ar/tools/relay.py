@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["LaunchResult", "NOISE", "POLL_S", "STOP_GRACE_S", "Watch", "kill_all", "pump",
+__all__ = ["LaunchResult", "NOISE", "NOISE_DETAIL", "POLL_S", "STOP_GRACE_S", "Watch", "kill_all", "pump",
            "reap", "result_of", "supervise"]
 
 STOP_GRACE_S = 3.0  # how long ranks may take to end after a forwarded signal
@@ -31,12 +31,20 @@ KILL_SLACK_S = 0.5  # see _collect_failures
 # Lines no user needs: gloo's report of each connection it made (psum on CPU),
 # and what gRPC and absl print when a process of jax.distributed goes away
 # while its peers still poll it (these come after the ranks' own errors or
-# results; the launcher's summary says how each rank ended).
+# results; the launcher's summary says how each rank ended). A rank that
+# succeeds prints none of the latter (bootstrap.py); failing ones may.
 NOISE = re.compile(
     r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks"
-    r"|WatchTasksAsync|PollForError|Terminating process because the JAX distributed service"
+    r"|WatchTasksAsync|WatchJobStateAsync|PollForError"
+    r"|Terminating process because the JAX distributed service"
     r"|^\*\*\* Check failure stack trace: \*\*\*"
     r"|^\s+@\s+0x[0-9a-f]+\s")
+# The lines gRPC adds to a NOISE line's message (dropped with it): the
+# remote status, the source location trace, blank lines.
+NOISE_DETAIL = re.compile(
+    r"^(Additional GRPC error information from remote target|:[A-Z_]+:"
+    r"|=== Source Location Trace: ===|\S+\.(cc|h):\d+$|$)")
+
 
 class LaunchResult:
     def __init__(self, returncodes, logs, timed_out, failures=(), stopped=(), signal_=None,
@@ -274,12 +282,15 @@ def reap(proc, rank, watch):
 
 
 def pump(proc, rank, sink, log_file, stream, lock):
+    in_noise = False  # the last line kept out was NOISE: its details follow
     for line in proc.stdout:
         if log_file:
             log_file.write(line)
             log_file.flush()
-        if NOISE.search(line):
+        if NOISE.search(line) or (in_noise and NOISE_DETAIL.match(line.strip())):
+            in_noise = True
             continue
+        in_noise = False
         sink.append(line)
         if stream:
             with lock:
