@@ -105,15 +105,23 @@ ffi::Error WaitForFlag(RankState& state, const uint64_t& flag, uint64_t epoch, i
   auto next_check = start + kPeerCheckInterval;
   Backoff backoff;
   auto site = [&] { return CallSite{call, state.label, state.rank, epoch}; };
-  while (LoadAcquire(flag) < epoch) {
+  // A sender may deliver and then close, fail or exit between this rank's
+  // look at the flag and its look at the sender: what ends the wait is read
+  // first, the flag again after it (the sender's health is stored after its
+  // flag, with release order), so data that came is never taken for data
+  // that never will.
+  auto arrived = [&] { return LoadAcquire(flag) >= epoch; };
+  while (!arrived()) {
     const auto now = Clock::now();
     if (now >= next_check) {
       next_check = now + kPeerCheckInterval;
       if (std::string why = WhySenderWontCome(state, site(), sender); !why.empty()) {
+        if (arrived()) break;
         return FailCall(state, epoch, ffi::ErrorCode::kAborted, why);
       }
     }
     if (now > deadline) {
+      if (arrived()) break;
       return FailCall(state, epoch, ffi::ErrorCode::kDeadlineExceeded,
                       TimeoutText(site(), state.timeout_s, sender));
     }
