@@ -1,7 +1,7 @@
 """Every use of JAX internals in jax_ar, in one place.
 
-jax_ar supports jax 0.10 to 0.12 (CI: 0.10.x on Python 3.11, the newest,
-0.12.x, on Python 3.12). Public APIs are used wherever they
+jax_ar supports jax 0.10 to 0.12 (CI: 0.10.x on Python 3.11; 0.11.2 and
+the newest, 0.12.x, on Python 3.12). Public APIs are used wherever they
 exist; what they do not offer (rewriting the varying-axes part of an abstract
 value, reading whether check_vma is on, the jax.distributed client, the
 devices of the shard_map being traced or lowered) is reached here and

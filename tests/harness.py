@@ -18,6 +18,7 @@ import functools
 import os
 import pathlib
 import re
+import tempfile
 
 import pytest
 
@@ -53,13 +54,32 @@ def run_ranks(worker: str, *args, processes: int = 2, devices_per_process: int =
     full_env = dict(os.environ)
     full_env.setdefault("JAX_AR_TIMEOUT_S", "60")
     full_env.update(env or {})
-    result = launch(str(WORKERS / worker), [str(a) for a in args], num_processes=processes,
-                    cpu_devices=None if ON_GPU else devices_per_process,
-                    platform="gpu" if ON_GPU else "cpu", timeout_s=timeout_s, stream=False,
-                    env=full_env)
-    if expect_ok and not result.ok:
-        pytest.fail(format_failure(result), pytrace=False)
+    with tempfile.TemporaryDirectory(prefix="jax_ar_test_logs_") as log_dir:
+        result = launch(str(WORKERS / worker), [str(a) for a in args], num_processes=processes,
+                        cpu_devices=None if ON_GPU else devices_per_process,
+                        platform="gpu" if ON_GPU else "cpu", timeout_s=timeout_s,
+                        stream=False, env=full_env, log_dir=log_dir)
+        if expect_ok and not result.ok:
+            pytest.fail(format_failure(result), pytrace=False)
+        if result.ok:
+            assert_quiet_exit(log_dir, processes)
     return result
+
+
+# What gRPC and absl print when a jax.distributed process ends out of order.
+_EXIT_NOISE = re.compile(r"UNAVAILABLE|Connection refused|WatchTasksAsync|WatchJobStateAsync"
+                         r"|CoordinationService|Terminating process because")
+
+
+def assert_quiet_exit(log_dir, processes):
+    """A job whose ranks all succeeded ends without gRPC or absl lines, even
+    in the raw output (the launcher drops them from what it relays)."""
+    for rank in range(processes):
+        with open(os.path.join(log_dir, f"rank{rank}.log"), errors="replace") as f:
+            noisy = [line for line in f if _EXIT_NOISE.search(line)]
+        if noisy:
+            pytest.fail(f"rank {rank} succeeded but printed:\n{''.join(noisy[:10])}",
+                        pytrace=False)
 
 
 def format_failure(result) -> str:

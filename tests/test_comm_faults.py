@@ -96,6 +96,16 @@ def test_dead_rank_in_all_reduce():
     assert not jax_ar_segments_of(pids_of(result)), "a killed rank left segments in /dev/shm"
 
 
+def test_rank_killed_in_a_call_its_peers_never_make():
+    """A peer killed inside a call is not one whose program made an extra
+    call: the others' end-of-script check blames nobody and does not wait
+    for it (they raise on purpose, to skip jax.distributed's shutdown)."""
+    result = run_fault("die_in_extra_call", expect_ok=False)
+    assert result.first_failed_rank == 1, format_failure(result)
+    assert "SIGKILL" in result.failures[0][1], result.summary()
+    assert_ranks_checked(result, "die_in_extra_call", [0])
+
+
 def test_dead_rank_in_setup():
     result = run_fault("die_in_setup", expect_ok=False)
     assert result.first_failed_rank == 1, format_failure(result)

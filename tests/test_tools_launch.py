@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from jax_ar.tools import launch as launch_module
+from jax_ar.tools import relay
 from jax_ar.tools.launch import launch
 
 from harness import WORKERS, runs_on
@@ -66,10 +67,12 @@ def test_collectives_chatter_and_exit_noise_are_dropped_but_logged(tmp_path):
     assert result.ok, result.summary()
     for rank, log in enumerate(result.logs):
         assert "my own line" in log
-        for noise in ("[Gloo]", "WatchTasksAsync", "Check failure", "0x7f0000000000"):
+        for noise in ("[Gloo]", "WatchTasksAsync", "Check failure", "0x7f0000000000", "GRPC",
+                      "UNAVAILABLE", "Source Location", "grpc_util.h"):
             assert noise not in log, log
+        assert "my last line" in log, log  # the first line after a gRPC message is kept
         kept = (tmp_path / f"rank{rank}.log").read_text()  # --log-dir keeps everything
-        assert "[Gloo]" in kept and "WatchTasksAsync" in kept
+        assert "[Gloo]" in kept and "WatchTasksAsync" in kept and "grpc_util.h" in kept
 
 
 def test_module_runs_like_python_dash_m():
@@ -88,7 +91,7 @@ def test_a_rank_killed_from_outside_is_the_first_to_fail(monkeypatch):
     error rank 0 reports milliseconds later. With the launcher looking only
     every 1.5 s, both are seen at once: the order comes from when each
     happened, not from which rank the launcher looked at first."""
-    monkeypatch.setattr(launch_module, "POLL_S", 1.5)
+    monkeypatch.setattr(relay, "POLL_S", 1.5)
     result = launch(PROBE, ["die_in_call", "1"], num_processes=2, platform="cpu",
                     timeout_s=120, stream=False, env=dict(os.environ, JAX_AR_TIMEOUT_S="30"))
     assert result.first_failed_rank == 1, result.summary()
@@ -176,15 +179,16 @@ class Job:
     (signal.SIGHUP, "run"),
     (signal.SIGINT, "run"),
     (signal.SIGINT, "grace"),
+    (signal.SIGTERM, "calls"),
 ])
 def test_signal_is_forwarded_and_no_rank_outlives_the_launcher(signum, moment):
     name = signal.Signals(signum).name
-    job = Job("fail_others_loop" if moment == "grace" else "loop", "1",
-              grace=60 if moment == "grace" else None)
+    mode = {"grace": "fail_others_loop", "calls": "loop_calls"}.get(moment, "loop")
+    job = Job(mode, "1", grace=60 if moment == "grace" else None)
     try:
         if moment == "startup":  # a rank's process exists; it is still importing jax
             wait_for(lambda: job.ranks(), 60, "a rank process")
-        elif moment == "run":
+        elif moment in ("run", "calls"):
             wait_for(lambda: job.printed("looping", 2), 60, "both ranks looping")
         else:  # rank 1 failed; rank 0 runs on in the launcher's (60 s) grace
             wait_for(lambda: job.printed("looping") and job.printed("failing on purpose"), 60,
@@ -201,6 +205,14 @@ def test_signal_is_forwarded_and_no_rank_outlives_the_launcher(signum, moment):
         assert "Traceback" not in err + "".join(job.out), err + "".join(job.out)
         if moment == "grace":
             assert "rank 1 failed (exit code 3)" in last, err
+        if moment in ("run", "calls"):
+            # Every rank reports the stop as a stop, not as a bug of the
+            # program: ranks stopped between calls and ranks stopped in one
+            # (whose peer has gone) alike.
+            out = "".join(job.out)
+            for rank in (0, 1):
+                assert f"[rank {rank}] jax_ar: rank {rank} stopped by {name}" in out, out
+            assert "made different calls" not in out + err, out + err
         assert took < launch_module.STOP_GRACE_S + 5, f"the launcher took {took:.1f} s"
         # No process of the job is left (killed ones may take a moment to go).
         wait_for(lambda: not job.ranks(), 5, f"the ranks to end; left: {job.ranks()}")

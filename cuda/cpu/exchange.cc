@@ -1,11 +1,6 @@
 #include "cpu/exchange.h"
 
-#include <sched.h>
-#include <time.h>
-
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -13,7 +8,7 @@
 #include "common/failure_text.h"
 #include "common/handler_args.h"
 #include "cpu/numeric.h"
-#include "cpu/process_liveness.h"
+#include "cpu/rank_health.h"
 
 namespace jax_ar::cpu {
 
@@ -28,83 +23,8 @@ size_t RoundCapacity(const RankState& state, Algorithm algorithm) {
 }
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Spins briefly, then yields, then sleeps: CI runs eight ranks on two cores,
-// where a rank that keeps its core would starve the peer it waits for.
-class Backoff {
- public:
-  void Pause() {
-    ++count_;
-    if (count_ < 64) return;
-    if (count_ < 256) {
-      sched_yield();
-      return;
-    }
-    timespec nap{0, 50'000};
-    nanosleep(&nap, nullptr);
-  }
-
- private:
-  int count_ = 0;
-};
-
-// How often a waiting rank looks at its peers' health (and whether the
-// process it waits for still exists): cheap, and fast next to any deadline.
-constexpr auto kPeerCheckInterval = std::chrono::milliseconds(10);
-
-// Words in a workspace are written by one process and read by others.
-template <typename T>
-T LoadAcquire(const T& word) {
-  return std::atomic_ref<T>(const_cast<T&>(word)).load(std::memory_order_acquire);
-}
-template <typename T>
-void StoreRelease(T& word, T value) {
-  std::atomic_ref<T>(word).store(value, std::memory_order_release);
-}
-
-RankStatus& StatusOf(const RankState& state, int rank) { return state.control(rank).status; }
-
-RankHealth HealthOf(const RankState& state, int rank) {
-  return static_cast<RankHealth>(LoadAcquire(StatusOf(state, rank).health));
-}
-
-// Records this rank's first failure (the core of its message,
-// failure_text.h) and publishes it to the peers (the text before the health
-// word, which is stored with release order).
-void RecordFailure(RankState& state, uint64_t epoch, const std::string& core) {
-  std::lock_guard<std::mutex> lock(state.failure_mutex);
-  if (!state.failure.empty()) return;
-  state.failure = core;
-  RankStatus& status = StatusOf(state, state.rank);
-  std::snprintf(status.failure, sizeof(status.failure), "%s", core.c_str());
-  status.failed_epoch = epoch;
-  StoreRelease(status.health, static_cast<uint32_t>(RankHealth::kFailed));
-}
-
-// The first peer that has failed in a call up to `up_to_epoch`, with the
-// core of its failure; peer -1 when none has.
-struct PeerFailure {
-  int peer = -1;
-  std::string core;
-};
-PeerFailure FailedPeer(const RankState& state, uint64_t up_to_epoch = UINT64_MAX) {
-  for (int peer = 0; peer < state.world; ++peer) {
-    if (peer == state.rank || HealthOf(state, peer) != RankHealth::kFailed) continue;
-    const RankStatus& status = StatusOf(state, peer);
-    if (status.failed_epoch > up_to_epoch) continue;
-    return {peer, std::string(status.failure, strnlen(status.failure, sizeof(status.failure)))};
-  }
-  return {};
-}
-
 CallSite SiteOf(const RankState& state, const Message& message, uint64_t epoch) {
   return {message.description, state.label, state.rank, epoch};
-}
-
-ProcessIdentity OwnerOf(const RankState& state, int rank) {
-  const RankStatus& status = StatusOf(state, rank);
-  return {status.owner_pid, status.owner_pid_namespace, status.owner_start_ticks};
 }
 
 // Slot `sender` of `phase` in rank `owner`'s data half for `epoch`.
@@ -313,26 +233,13 @@ class Round {
     StoreRelease(box.flags[phase], epoch_);
   }
 
+  // Waits for `sender`'s data of `phase`; in phase 0 its call must be this
+  // rank's (same signature and round).
   ffi::Error WaitFor(int sender, int phase) {
     const Mailbox& box = state_.control(state_.rank).mailboxes[sender];
-    const auto start = Clock::now();
-    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(state_.timeout_s));
-    auto next_check = start + kPeerCheckInterval;
-    Backoff backoff;
-    while (LoadAcquire(box.flags[phase]) < epoch_) {
-      const auto now = Clock::now();
-      if (now >= next_check) {
-        next_check = now + kPeerCheckInterval;
-        if (std::string why = WhySenderWontCome(sender); !why.empty()) {
-          return Fail(ffi::ErrorCode::kAborted, why);
-        }
-      }
-      if (now > deadline) {
-        return Fail(ffi::ErrorCode::kDeadlineExceeded,
-                    TimeoutText(SiteOf(state_, message_, epoch_), state_.timeout_s, sender));
-      }
-      backoff.Pause();
+    if (auto error = WaitForFlag(state_, box.flags[phase], epoch_, sender, message_.description);
+        error.failure()) {
+      return error;
     }
     if (phase == 0) {
       const CallHeader& theirs = box.headers[epoch_ & 1];
@@ -340,30 +247,11 @@ class Round {
           theirs.rounds != header_.rounds || theirs.packed_bytes != header_.packed_bytes) {
         const std::string their_call(theirs.description,
                                      strnlen(theirs.description, sizeof(theirs.description)));
-        return Fail(ffi::ErrorCode::kFailedPrecondition,
-                    MismatchText(SiteOf(state_, message_, epoch_), sender, their_call));
+        return FailCall(state_, epoch_, ffi::ErrorCode::kFailedPrecondition,
+                        MismatchText(SiteOf(state_, message_, epoch_), sender, their_call));
       }
     }
     return ffi::Error::Success();
-  }
-
-  // Why `sender`, whose data this rank still waits for, will never send it
-  // (a failure's core): any rank has failed, or the sender has closed or its
-  // process is gone; "" while it may still come.
-  std::string WhySenderWontCome(int sender) const {
-    const CallSite site = SiteOf(state_, message_, epoch_);
-    if (PeerFailure failed = FailedPeer(state_); failed.peer >= 0) {
-      return PeerFailedText(site, failed.peer, failed.core);
-    }
-    if (HealthOf(state_, sender) == RankHealth::kClosed) return PeerClosedText(site, sender);
-    const ProcessIdentity owner = OwnerOf(state_, sender);
-    if (HasExited(owner)) return PeerExitedText(site, sender, owner.pid);
-    return "";
-  }
-
-  ffi::Error Fail(ffi::ErrorCode code, const std::string& core) {
-    RecordFailure(state_, epoch_, core);
-    return ffi::Error(code, "jax_ar: " + Unusable(core));
   }
 
   RankState& state_;
@@ -410,10 +298,9 @@ ffi::Error RunCall(RankState& state, const Message& message, RunRounds&& run_rou
   std::lock_guard<std::mutex> lock(state.call_mutex);
   const uint64_t first_epoch = state.control(state.rank).epoch + 1;
   auto fail_because_of_peer = [&](const PeerFailure& failed) {
-    const std::string core =
-        PeerFailedText(SiteOf(state, message, first_epoch), failed.peer, failed.core);
-    RecordFailure(state, first_epoch, core);
-    return ffi::Error(ffi::ErrorCode::kAborted, "jax_ar: " + Unusable(core));
+    return FailCall(state, first_epoch, ffi::ErrorCode::kAborted,
+                    PeerFailedText(SiteOf(state, message, first_epoch), failed.peer,
+                                   failed.core));
   };
   if (HealthOf(state, state.rank) == RankHealth::kClosed) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -452,56 +339,6 @@ ffi::Error RunAllReduce(RankState& state, const Message& message) {
     }
     return ffi::Error::Success();
   });
-}
-
-void InitControlBlock(std::byte* workspace) {
-  RankStatus& status = reinterpret_cast<ControlBlock*>(workspace)->status;
-  const ProcessIdentity self = SelfIdentity();
-  status.owner_pid = self.pid;
-  status.owner_pid_namespace = self.pid_namespace;
-  status.owner_start_ticks = self.start_ticks;
-}
-
-std::string CommunicatorFailure(RankState& state) {
-  if (std::string own = state.Failure(); !own.empty()) return own;
-  const PeerFailure failed = FailedPeer(state);
-  return failed.peer < 0 ? ""
-                         : PeerFailedEarlierText(state.rank, state.label, failed.peer, failed.core);
-}
-
-void MarkClosed(RankState& state) {
-  std::lock_guard<std::mutex> lock(state.call_mutex);
-  uint32_t& health = StatusOf(state, state.rank).health;
-  if (LoadAcquire(health) == static_cast<uint32_t>(RankHealth::kActive)) {
-    StoreRelease(health, static_cast<uint32_t>(RankHealth::kClosed));
-  }
-}
-
-std::vector<std::string> CallsNeverMade(RankState& state, double linger_s) {
-  std::vector<std::string> diverged;
-  if (!state.Failure().empty()) return diverged;  // the failure says what went wrong
-  // A peer still active may yet start a call this rank will never make
-  // (its call then fails at once: this rank is closed); wait a while to see.
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(linger_s));
-  auto all_peers_done = [&] {
-    for (int peer = 0; peer < state.world; ++peer) {
-      if (peer != state.rank && HealthOf(state, peer) == RankHealth::kActive) return false;
-    }
-    return true;
-  };
-  while (linger_s > 0 && !all_peers_done() && Clock::now() < until) {
-    timespec nap{0, 1'000'000};
-    nanosleep(&nap, nullptr);
-  }
-  const uint64_t mine = state.control(state.rank).epoch;
-  for (int peer = 0; peer < state.world; ++peer) {
-    if (peer == state.rank) continue;
-    const uint64_t theirs = LoadAcquire(state.control(peer).epoch);
-    if (theirs <= mine) continue;
-    diverged.push_back(ClosedBeforePeerText(state.rank, state.label, mine, peer, theirs));
-  }
-  return diverged;
 }
 
 ffi::Error RunChunkCollective(RankState& state, const Message& message, ChunkHalf half,

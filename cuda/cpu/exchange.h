@@ -13,11 +13,12 @@
 // peer has finished reading call e. Messages larger than the workspace run
 // in several rounds, each a full protocol instance with its own epoch.
 //
-// Faults: a rank that fails records why in its own control block, and a rank
-// that closes says so there; a rank waiting for a peer stops at once when
-// the peer (or any other rank) has failed, when the peer has closed, or when
-// the peer's process has exited, and otherwise at its deadline. A rank never
-// returns the result of a call in which a peer failed.
+// Faults (rank_health.h): a rank that fails records why in its own control
+// block, and a rank that closes says so there; a rank waiting for a peer
+// stops at once when the peer (or any other rank) has failed, when the peer
+// has closed, or when the peer's process has exited, and otherwise at its
+// deadline. A rank never returns the result of a call in which a peer
+// failed.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,7 @@
 
 #include "common/ffi_util.h"
 #include "common/protocol.h"
+#include "cpu/rank_health.h"  // the lifecycle calls (InitControlBlock ... CallsNeverMade)
 #include "cpu/rank_state.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -100,24 +102,6 @@ struct Message {
 // rank, fails at once.
 ffi::Error RunAllReduce(RankState& state, const Message& message);
 
-// Fills the status of a workspace this process has just created (zeroed):
-// the identity of the owning process, which peers use to tell a dead rank.
-void InitControlBlock(std::byte* workspace);
-
-// The core of this rank's failure, else of the first failure a peer has
-// published (failure_text.h); "" while every rank is healthy.
-std::string CommunicatorFailure(RankState& state);
-
-// Waits for a call running on this rank to end, then marks the rank closed
-// so that peers waiting for it stop at once.
-void MarkClosed(RankState& state);
-
-// After MarkClosed (of every rank of this process): waits up to `linger_s`
-// for every peer to close or fail, then returns one message for each peer
-// that started a call this rank never made (the ranks made different calls;
-// that call of the peer fails). Lingering makes the report certain at
-// process exit, where every rank ends up waiting for its peers anyway.
-std::vector<std::string> CallsNeverMade(RankState& state, double linger_s);
 // Either half of two-shot on its own, for a message of one segment split
 // into `world` chunks of `chunk_bytes` each (not necessarily 16-byte
 // multiples). Reduce-scatter: the segment's input holds every chunk (chunk

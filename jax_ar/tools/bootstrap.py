@@ -4,13 +4,14 @@ Configures JAX from the launcher's environment, joins jax.distributed, runs
 the user's script (or, after -m, module) as __main__, then ends in order:
 jax_ar's communicators are closed, then jax.distributed is shut down (every
 process takes part in its shutdown, so none goes away while its peers still
-poll it, which is what makes gRPC and absl print errors at exit).
+poll it). A rank that succeeded ends quietly: see _quiet_shutdown.
 
 SIGTERM and SIGHUP (which the launcher forwards) raise SystemExit(128 + N)
 in the script, as SIGINT raises KeyboardInterrupt, so its `finally` blocks
-run; the rank then closes its communicators and exits 128 + N at once,
-without a traceback and without waiting for its peers in jax.distributed's
-shutdown (they are being stopped too).
+run; the rank then says it was stopped by the signal, closes its
+communicators and exits 128 + N at once, without a traceback and without
+waiting for its peers in jax.distributed's shutdown (they are being stopped
+too).
 """
 from __future__ import annotations
 
@@ -120,13 +121,26 @@ def _catch_stop_signals() -> None:
 
 
 def _stop(signum: int) -> None:
-    """Ends this rank after a forwarded signal: communicators closed (peers
-    see it at once), no traceback, no wait in jax.distributed's shutdown."""
+    """Ends this rank after a forwarded signal: one line saying so,
+    communicators closed (peers see it at once), no traceback, no wait in
+    jax.distributed's shutdown.
+
+    What close() would report here is the stop's doing, not a bug: a peer
+    that the signal reached later, or that was waiting in a call when it
+    came, has started a call this rank will never make. The close reports
+    it as "the ranks made different calls" (it cannot know why this rank
+    closes), so its log records are dropped: the signal is the report."""
     for s in STOP_SIGNALS:  # a second signal must not interrupt the exit
         signal.signal(s, signal.SIG_IGN)
+    print(f"jax_ar: rank {os.environ.get('JAX_AR_PROCESS_ID', '0')} stopped by "
+          f"{signal.Signals(signum).name}", file=sys.stderr, flush=True)
+    _quiet_shutdown()
     try:
+        import logging
+
         from jax_ar.comm import communicator
 
+        logging.getLogger("jax_ar").disabled = True
         for comm in communicator.open_communicators():
             comm.close()
     except BaseException:
@@ -142,6 +156,29 @@ def _shutdown_distributed() -> None:
 
         jax.distributed.shutdown()
     except Exception:  # the process ends anyway; the launcher has its status
+        pass
+
+
+def _quiet_shutdown() -> None:
+    """Keeps the end of a rank that succeeded, or was stopped by a signal,
+    free of gRPC warnings.
+
+    JAX's runtime client (the backend, on GPU) watches the jax.distributed
+    coordination service from a thread of its own and logs a C++ warning
+    for every watch that fails: the one jax.distributed.shutdown() cancels,
+    then, once process 0 has stopped the service, an "UNAVAILABLE: failed to
+    connect to all addresses ... Connection refused" every second until the
+    process ends. The watch ends quietly only when the client is destroyed
+    first, which needs every array, device and mesh of the program gone
+    (jax_ar's closed communicators keep their mesh), so instead the C++
+    log threshold goes up to ERROR for the shutdown: the rank has already
+    done its work, and errors still show."""
+    jax = sys.modules.get("jax")  # not imported yet: nothing to quiet
+    if jax is None:
+        return
+    try:
+        jax.config.update("jax_logging_level", "ERROR")
+    except Exception:  # a jax without the option: its warnings show
         pass
 
 
@@ -187,6 +224,7 @@ def main() -> None:
         raise
     except BaseException as e:
         _fail(e, time.time())
+    _quiet_shutdown()
     _shutdown_distributed()
 
 

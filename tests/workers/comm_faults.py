@@ -19,6 +19,10 @@ setup_disagree  different workspace_bytes, a different library version, a
                 the processes; setup then works again
 die             process 1 kills itself (SIGKILL) after setup; the others'
                 next call fails at once naming it (CPU) or at the deadline
+die_in_extra_call  process 1 makes a call the others never make and is
+                killed (SIGKILL) while it waits in it; the others end their
+                script: their close sees a dead peer, not one that made a
+                call they skipped, and does not wait for it
 die_in_setup    process 1 kills itself inside setup after creating its
                 workspace (CPU) or before setup (GPU): the others' setup
                 fails at once naming it
@@ -44,6 +48,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 import jax
@@ -378,6 +383,26 @@ def scenario_die(mesh):
     expect_check_fails(comm, "die")
     comm.close()
     stop_like_a_program(error, "die")
+
+
+def scenario_die_in_extra_call(mesh):
+    comm = setup(mesh, timeout_s=30.0)  # a close that waited for the dead rank would show
+    _, xs = sharded(mesh, 4)
+    f = reducer(mesh)
+    jax.block_until_ready(f(xs))
+    victim = 1
+    if me() == victim:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        log("an extra call, killed in it")
+        jax.block_until_ready(f(xs))
+        raise AssertionError("the extra call returned")
+    time.sleep(1.5)  # the victim started its call and died in it
+    start = time.monotonic()
+    skipped = communicator.close_all()  # what the launcher's end-of-script check does
+    took = time.monotonic() - start
+    assert not skipped, f"a killed peer was taken for a program that made an extra call: {skipped}"
+    assert ON_GPU or took < PROMPT_S, f"close waited {took:.1f} s for a dead peer"
+    stop_like_a_program(f"ended cleanly after its peer died ({comm})", "die_in_extra_call")
 
 
 def scenario_die_in_setup(mesh):

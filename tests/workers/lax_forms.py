@@ -16,6 +16,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from axes_cases import as_block, per_rank_blocks, rank_layout, stacked_inputs
 from common import assert_bitwise_equal, global_array
@@ -61,12 +62,17 @@ def run_tree_cases(mesh, cases, check_vma=True):
 
 
 def lax_types(mesh, cases, check_vma=True):
-    """The leaf types of each case, traced only (nothing runs)."""
+    """The leaf types of each case, traced only (nothing runs). The traced
+    inputs carry the sharding run_tree_cases gives its arrays: shard_map
+    checks in_specs against it (jax 0.11 refuses P(None) inputs for
+    P('tp') specs)."""
     spec, ranks = rank_layout(mesh)
+    sharding = NamedSharding(mesh, spec)
     types = {}
     for name, (fn, args) in cases.items():
         shapes = [jax.ShapeDtypeStruct((ranks,) + np.shape(per_rank[0]),
-                                       np.asarray(per_rank[0]).dtype) for per_rank in args]
+                                       np.asarray(per_rank[0]).dtype, sharding=sharding)
+                  for per_rank in args]
 
         def body(*xs, fn=fn, name=name):
             leaves = jax.tree_util.tree_leaves(fn(*[x[0] for x in xs]))
@@ -87,11 +93,12 @@ def compare_with_lax(mesh, cases, expected=None, check_vma=True, exact=lambda na
     ours = {k: (fn, args) for k, (fn, _, args) in cases.items()}
     theirs = {k: (fn, args) for k, (_, fn, args) in cases.items()}
     results, types = run_tree_cases(mesh, ours, check_vma)
-    if ON_GPU:
-        want_types = lax_types(mesh, theirs, check_vma)
-        lax_results = None
-    else:
-        lax_results, want_types = run_tree_cases(mesh, theirs, check_vma)
+    want_types = lax_types(mesh, theirs, check_vma)
+    lax_results = None
+    if not ON_GPU:
+        lax_results, lax_run_types = run_tree_cases(mesh, theirs, check_vma)
+        # What the GPU run compares with: traced types must be the run's.
+        assert lax_run_types == want_types, (lax_run_types, want_types)
     for name in cases:
         assert types[name] == want_types[name], \
             f"{name} (check_vma={check_vma}): jax_ar gives {types[name]}, lax {want_types[name]}"

@@ -5,6 +5,8 @@ ok       every rank ends at once
 fail     the target exits 3; the others end at once
 hang     the target sleeps; the others end at once
 loop     every rank prints "looping" and sleeps (until stopped)
+loop_calls  every rank sets up jax_ar, prints "looping" and runs all_reduces
+         (until stopped)
 fail_others_loop  the target exits 3; the others sleep (until stopped)
 die_in_call  every rank sets up jax_ar; the target SIGKILLs itself while the
          others wait for it in an all_reduce (which then fails)
@@ -34,13 +36,24 @@ if mode == "noise":
           "UNAVAILABLE: Connection refused", flush=True)
     print("*** Check failure stack trace: ***", flush=True)
     print("    @     0x7f0000000000  (unknown)", flush=True)
+    # What gRPC writes at exit on the GPU (jax 0.11.2), one message in five lines.
+    print("W1201 18:49:57.462320     690 pjrt_client.cc:1605] WatchTasksAsync failed for task "
+          "1: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
+          "ipv4:127.0.0.1:23451: Failed to connect to remote host: Connection refused\n"
+          "Additional GRPC error information from remote target coordination_service while "
+          "calling /xla.coordination.CoordinationService/WatchTasks:\n"
+          ":UNAVAILABLE:failed to connect to all addresses; last error: UNKNOWN: "
+          "ipv4:127.0.0.1:23451: Failed to connect to remote host: Connection refused\n"
+          "=== Source Location Trace: === \n"
+          "external/xla+/xla/tsl/distributed_runtime/rpc/grpc_util.h:89\n", flush=True)
+    print("my last line", flush=True)
 if me == target:
     if mode in ("fail", "fail_others_loop"):
         print("failing on purpose", flush=True)
         sys.exit(3)
     if mode == "hang":
         time.sleep(600)
-if mode == "die_in_call":
+if mode in ("die_in_call", "loop_calls"):
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
@@ -53,6 +66,11 @@ if mode == "die_in_call":
     x = jax.device_put(np.ones(4 * jax.device_count(), np.float32),
                        jax.sharding.NamedSharding(mesh, P("tp")))
     reduce.lower(x).compile()
+    if mode == "loop_calls":
+        jax.block_until_ready(reduce(x))
+        print("looping", flush=True)
+        while True:
+            jax.block_until_ready(reduce(x))
     if me == target:
         time.sleep(1.0)  # the others are waiting in the call by now
         os.kill(os.getpid(), signal.SIGKILL)
