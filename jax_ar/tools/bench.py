@@ -15,6 +15,7 @@ import shlex
 import sys
 
 from . import sweep
+from .auto_marks import auto_rows, label_of
 from .bench_data import DTYPES
 from .timing import typical_spread
 
@@ -174,40 +175,6 @@ def describe_machine(machine: dict, ranks: int, gpus: int) -> str:
                  f"({machine['cpu_count']} cores)")
     return (f"{where}, host {machine['host']}; jax {machine['jax']}, jax_ar {machine['jax_ar']}, "
             f"workspace {sweep.format_size(machine['workspace_bytes'])}B")
-
-
-def pick_of(doc: dict, r: dict) -> str | None:
-    """What algorithm="auto" runs for result r's message: an all-reduce
-    algorithm (picks keyed by bytes) or an rms_norm variant (keyed "dtype
-    bytes", bench_rank.auto_picks)."""
-    picks = doc.get("selection", {}).get("picks", {})
-    return picks.get(f"{r['dtype']} {r['bytes']}", picks.get(str(r["bytes"])))
-
-
-def label_of(r: dict) -> str:
-    """A row's name in the table: the kernel that ran where the library chose
-    one (twoshot_ll or twoshot for "twoshot"), else the algorithm."""
-    return r.get("kernel") or r["algorithm"]
-
-
-def auto_rows(doc: dict) -> set:
-    """Indices of the results to mark as what algorithm="auto" runs: per
-    message (dtype, op, size), the timed row of the algorithm it picks, else
-    (that algorithm not timed) the row of "auto" itself."""
-    groups = {}
-    for i, r in enumerate(doc["results"]):
-        if r["status"] == "ok":
-            groups.setdefault((r["dtype"], r["op"], r["bytes"]), []).append(i)
-    marked = set()
-    for rows in groups.values():
-        pick = pick_of(doc, doc["results"][rows[0]])
-        for wanted in (pick, "auto"):
-            found = [i for i in rows if label_of(doc["results"][i]) == wanted or
-                     doc["results"][i]["algorithm"] == wanted]
-            if found:
-                marked.add(found[0])
-                break
-    return marked
 
 
 def format_table(doc: dict) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 
+from .auto_marks import auto_rows
+
 __all__ = ["plot"]
 
 
@@ -20,8 +22,6 @@ def plot(doc: dict, path: str) -> None:
     for r in results:
         label = r["algorithm"] + (f" {r['dtype']} {r['op']}" if several else "")
         lines[label].append((r["bytes"], r["time_us"], r["busbw_gbps"]))
-    from .bench import auto_rows
-
     marked = auto_rows(doc)
     picked = sorted((r["bytes"], r["time_us"], r["busbw_gbps"])
                     for i, r in enumerate(doc["results"]) if i in marked)
