@@ -102,9 +102,12 @@ stop_mps() {
 
 write_summary() {
   {
-    # The device tool copies the working tree, not always a current .git:
-    # JAX_AR_COMMIT (or the prebuilt modules' record) names the commit then.
-    echo "jax_ar GPU run: commit ${JAX_AR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}, summary written $(date -u '+%Y-%m-%d %H:%M UTC')"
+    # The device tool copies the working tree with a .git that may be older:
+    # JAX_AR_COMMIT, else the prebuilt modules' record, names the commit.
+    local commit="${JAX_AR_COMMIT:-}"
+    [ -z "$commit" ] && [ -e jax_ar/PREBUILT ] && commit=$(sed -n 's/^commit \([0-9a-f]*\).*/\1/p' jax_ar/PREBUILT)
+    [ -z "$commit" ] && commit=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+    echo "jax_ar GPU run: commit $commit, summary written $(date -u '+%Y-%m-%d %H:%M UTC')"
     [ -e jax_ar/PREBUILT ] && echo "prebuilt modules: $(cat jax_ar/PREBUILT)"
     echo "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | paste -sd ';' -), $(nproc) CPUs"
     echo "python: $($PYTHON -c 'import sys, jax; print(sys.version.split()[0], "jax", jax.__version__)' 2>/dev/null)"
@@ -163,24 +166,31 @@ stage_smoke() {
 
 # One pytest per file; its line: PASS (passed, none failed), SKIP (nothing
 # passed, something skipped), FAIL, or TIME (killed: the next command runs it).
+# An entry is a test file, or FILE@CONFIG: the tests of FILE whose id starts
+# with [CONFIG- (one launch configuration of a worker file, JAX_AR_GPU_SPLIT).
 run_test_file() {
-  local file="$1" key log t0 rc dt counts verdict
+  local entry="$1" file key log t0 rc dt counts verdict select=()
+  file="${entry%@*}"
   key="test_$(basename "$file" .py)"
+  if [ "$entry" != "$file" ]; then
+    key="${key}_${entry#*@}"
+    select=(-k "[${entry#*@}-")
+  fi
   log="$STATE/logs/$key.log"
   t0=$(date +%s)
   timeout --kill-after=15 "$(( $(left) - 5 ))" "$PYTHON" -m pytest -q -rfEs -p no:cacheprovider \
-    "$file" > "$log" 2>&1
+    "$file" "${select[@]}" > "$log" 2>&1
   rc=$?; dt=$(( $(date +%s) - t0 ))
   counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$log" | tail -1 | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    note "TIME  $file (killed after ${dt}s; run again)"
+    note "TIME  $entry (killed after ${dt}s; run again)"
   else
     if [ $rc -eq 0 ] && grep -q "passed" <<< "$counts"; then verdict=PASS
     elif [ $rc -eq 0 ] || [ $rc -eq 5 ]; then verdict=SKIP
     else verdict=FAIL; fi
-    record "$key" "$verdict  $file (${dt}s: ${counts:-no tests ran})"
+    record "$key" "$verdict  $entry (${dt}s: ${counts:-no tests ran})"
   fi
-  { echo "===== $file ($(date -u +%H:%M:%S), ${dt}s, exit $rc)"; cat "$log"; } >> "$OUT/tests.log"
+  { echo "===== $entry ($(date -u +%H:%M:%S), ${dt}s, exit $rc)"; cat "$log"; } >> "$OUT/tests.log"
 }
 
 stage_tests() {
@@ -204,12 +214,28 @@ stage_tests() {
       [[ " ${files[*]} " == *" $f "* ]] || files+=("$f")
     done
   fi
-  local file running=()
+  # Files longer than one command's budget run one launch configuration at
+  # a time (test_ops_all_reduce.py: 14 suites per launch, over 290 s alone
+  # for its first configuration on the H200, 2026-12-01).
+  local split=" ${JAX_AR_GPU_SPLIT:-tests/test_ops_all_reduce.py} " entries=() file config
   for file in "${files[@]}"; do
-    done_already "test_$(basename "$file" .py)" && continue
-    if [ "$(left)" -lt 60 ]; then note "not started: $file (budget spent; run again)"; continue; fi
+    if [[ "$split" == *" $file "* ]]; then
+      for config in $("$PYTHON" -m pytest --collect-only -q -p no:cacheprovider "$file" 2>/dev/null \
+                      | sed -n 's/.*\[\(.*\)-[^-]*\]$/\1/p' | sort -u); do
+        entries+=("$file@$config")
+      done
+    else
+      entries+=("$file")
+    fi
+  done
+  local entry key
+  for entry in "${entries[@]}"; do
+    key="test_$(basename "${entry%@*}" .py)"
+    [ "$entry" != "${entry%@*}" ] && key="${key}_${entry#*@}"
+    done_already "$key" && continue
+    if [ "$(left)" -lt 60 ]; then note "not started: $entry (budget spent; run again)"; continue; fi
     while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 1; done
-    run_test_file "$file" &
+    run_test_file "$entry" &
   done
   wait
 }

@@ -81,9 +81,12 @@ def test_readme_names_every_parameter():
 
 
 def _repository_files() -> set:
+    """The files of the work tree that git does not ignore: tracked ones and
+    new ones alike (a copy of the tree whose .git is older than its files,
+    as the GPU machine gets it, still lists every file)."""
     try:
-        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout.split()
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                                cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist)
         listed = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()]
     return {f for f in listed if (ROOT / f).exists()}  # deleted, not yet committed: gone
