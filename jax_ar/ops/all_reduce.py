@@ -67,20 +67,15 @@ def _ffi_attributes(*, op, algorithm, comm_id, **_):
 
 
 def _aliases(ctx, **_):
-    """On CPU each result may reuse its operand's buffer (a donated input
-    costs no second buffer; XLA copies an operand that is still needed
-    elsewhere): every protocol round copies its whole range of the inputs
-    into the workspaces (the peers' slots, or one's own) before it writes any
-    output, and later rounds read only later ranges, so out == in is safe.
+    """Each result may reuse its operand's buffer (a donated input costs no
+    second buffer; XLA copies an operand that is still needed elsewhere).
 
-    On GPU the kernels would allow it too (each reads an input vector through
-    L2 before the same thread writes that output vector), but an aliased call
-    costs more inside XLA's command buffers: the same one-shot kernel ran
-    1.3-2.7 us slower per call through all_reduce (aliased) than through the
-    protocol probe (not aliased) at 2, 4 and 8 ranks, 16-256 KB, one H200
-    (docs/gpu.md, 2026-12-01). So GPU results get buffers of their own."""
-    if not _call_order.on_cpu(ctx):
-        return None
+    CPU: every protocol round copies its whole range of the inputs into the
+    workspaces (the peers' slots, or one's own) before it writes any output,
+    and later rounds read only later ranges, so out == in is safe. GPU: each
+    kernel reads an input vector before the thread that reads it writes the
+    same output vector, and reads inputs through L2 (LoadSegment,
+    cuda/gpu/launch_protocol.cuh), so out == in is safe there too."""
     return {i: i for i in range(len(ctx.avals_in))}
 
 
