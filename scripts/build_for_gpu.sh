@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds jax_ar's compiled modules on the CPU machine for the GPU machine,
 # so that a GPU session spends no device time compiling (about 190 s there):
-# a wheel for the device's Python (3.12) against the device's jax (0.11.2)
-# FFI headers, with the nvcc at /usr/local/cuda (13.0 on both machines),
-# whose .so files are copied into jax_ar/ (ignored by git). Then, with the
+# a wheel for the device's Python (3.12), with the nvcc at /usr/local/cuda
+# (13.0 on both machines), whose .so files are copied into jax_ar/ (ignored
+# by git). The venv has the device's jax (0.11.2), to run the tests here
+# first; the build itself uses the vendored FFI headers (cuda/third_party/). Then, with the
 # device tool, carry them and run
 #   JAX_AR_GPU_PREBUILT=1 bash scripts/gpu_run.sh all
 # Usage: bash scripts/build_for_gpu.sh [VENV]   (default /tmp/venv312: made

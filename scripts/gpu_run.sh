@@ -128,9 +128,9 @@ echo "$(date -u +%H:%M:%S) ${STAGES[*]} (budget ${BUDGET_S}s)" >> "$STATE/comman
 
 stage_build() {
   if [ "${JAX_AR_GPU_PREBUILT:-0}" = 1 ]; then
-    # Modules compiled on the CPU machine (same nvcc, this Python's ABI,
-    # this jax's FFI headers: scripts/build_for_gpu.sh) lie in jax_ar/ of
-    # the carried tree; the tree is then imported from where it is.
+    # Modules compiled on the CPU machine (same nvcc, this Python's ABI:
+    # scripts/build_for_gpu.sh) lie in jax_ar/ of the carried tree; the tree
+    # is then imported from where it is.
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     if (cd /tmp && "$PYTHON" -c "import jax_ar._jax_ar_cpu, jax_ar._jax_ar_cuda") \
         > "$OUT/build.log" 2>&1; then
