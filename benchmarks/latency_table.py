@@ -1,6 +1,7 @@
 """Markdown tables from the JSON lines of scripts/latency_ab.sh: us per call
 by case and variant (rows) and ranks x bytes per rank (columns), and each
-figure's ratio to the LL floor probe of the same session.
+figure's ratio to the LL floor probe of the same session. A case whose
+result was wrong (per_call_overhead.py checks one call) shows "wrong".
 
     python benchmarks/latency_table.py docs/results/latency_....jsonl [--bytes 16384]
 """
@@ -34,7 +35,8 @@ def main():
     for row in rows:
         if wanted is not None and row["bytes_per_rank"] not in wanted:
             continue
-        figures[label(row)][(row["ranks"], row["bytes_per_rank"])] = row["us_per_call"]
+        us = None if row.get("result") == "wrong" else row["us_per_call"]
+        figures[label(row)][(row["ranks"], row["bytes_per_rank"])] = us
     columns = sorted({key for per in figures.values() for key in per})
     floor = figures.get("LL floor probe", {})
     head = " | ".join(f"{n} ranks, {b // 1024} KB" for n, b in columns)
@@ -43,10 +45,13 @@ def main():
     for name in sorted(figures, key=lambda k: (k != "LL floor probe", k)):
         cells = []
         for key in columns:
-            us = figures[name].get(key)
-            if us is None:
+            if key not in figures[name]:
                 cells.append("")
-            elif name == "LL floor probe" or key not in floor:
+                continue
+            us = figures[name][key]
+            if us is None:
+                cells.append("wrong")
+            elif name == "LL floor probe" or floor.get(key) is None:
                 cells.append(f"{us:.2f}")
             else:
                 cells.append(f"{us:.2f} ({us / floor[key]:.2f}x)")

@@ -4,7 +4,7 @@ Run as ranks of the launcher, e.g. on one GPU shared by 8 ranks under MPS:
 
     python -m jax_ar launch -n 8 --platform gpu benchmarks/per_call_overhead.py \
         [--bytes 1K,16K,256K] [--algorithms oneshot,twoshot] [--stages all] [--calls 300] \
-        [--stage-bytes 16K] [--copy-bytes 16K] [--variant NAME]
+        [--stage-bytes 16K] [--copy-bytes 16K] [--ops avg,sum] [--variant NAME]
 
 Every JSON line names the commit of the jax_ar it imported (jax_ar/PREBUILT
 or git) and `--variant` (what an A/B run calls this tree or setting), so
@@ -20,6 +20,7 @@ launch alone (the method of the figures before 2026-12-01,
 ranks' host-side starts, which several launches in a row amortize.
 
   all_reduce  f = jax_ar.all_reduce(., "tp", op="avg", algorithm=A), bfloat16
+              (--ops avg,sum adds the same with op="sum": "all_reduce A sum")
   copy        f = optimization_barrier(-.): one read + one write kernel of the
               same bytes (the barrier keeps XLA from fusing or folding)
   stages      f = one launch of a piece of the protocol (jax_ar.tools.breakdown):
@@ -29,8 +30,11 @@ ranks' host-side starts, which several launches in a row amortize.
 
 The FFI handlers' invocation count is read before and after the timed runs:
 0 under command buffers means the calls cost no host work (the CUDA graph
-replays the kernels). Rank 0 prints one JSON line per case prefixed with
-"PER_CALL_RESULT " and a table.
+replays the kernels). Before a case is timed, one call's result is
+compared with numpy's (every case but the copy and the protocol-only
+stages, whose results are not sums): a variant that is fast because it is
+wrong says so in the JSON (`"result": "wrong"`) and the table. Rank 0
+prints one JSON line per case prefixed with "PER_CALL_RESULT " and a table.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ar
 from jax_ar.tools import sweep, timing
-from jax_ar.tools.breakdown import STAGES, protocol_probe
+from jax_ar.tools.breakdown import KERNEL_STAGES, STAGES, protocol_probe
 
 
 def chain(step, calls):
@@ -74,6 +78,32 @@ def tree_commit() -> str:
                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
+
+
+def expected_result(name, data, n):
+    """What one call of case `name` returns for the global input `data` (n
+    shards, one a rank), in float64; None where it is not a sum."""
+    shards = data.astype(np.float64).reshape(n, -1)
+    kind, what = (name.split() + [""])[:2]
+    if kind == "all_reduce":
+        total = shards.sum(0) if name.endswith(" sum") else shards.mean(0)
+    elif kind == "stage" and what in KERNEL_STAGES:
+        total = shards.sum(0)
+    else:
+        return None
+    return np.tile(total, n)
+
+
+def check_result(step_program, x, want):
+    """'ok' or 'wrong' for this process's shards of one call's result
+    against `want`, 'unchecked' when want is None. The inputs are small
+    integers: their sums and averages over 2-8 ranks are exact in bfloat16."""
+    if want is None:
+        return "unchecked"
+    out = step_program(x)
+    same = all(np.array_equal(np.asarray(s.data, dtype=np.float64), want[s.index])
+               for s in out.addressable_shards)
+    return "ok" if same else "wrong"
 
 
 def timed(fn, arg, repeats, handler_calls):
@@ -106,6 +136,8 @@ def main():
                         help="sizes at which the stages run (default: every --bytes size)")
     parser.add_argument("--copy-bytes", default=None,
                         help="sizes at which the copy baseline runs (default: every --bytes size)")
+    parser.add_argument("--ops", default="avg",
+                        help="comma-separated all_reduce ops: avg (default), sum")
     parser.add_argument("--variant", default="main", help="name of this tree or setting in the JSON")
     parser.add_argument("--json", default=None, help="also append the JSON lines to this file")
     parser.add_argument("--dump-hlo", default=None,
@@ -123,6 +155,7 @@ def main():
     copy_sizes = sizes if args.copy_bytes is None else [
         sweep.parse_size(s) for s in args.copy_bytes.split(",") if s]
     algorithms = [a for a in args.algorithms.split(",") if a]
+    ops = [o for o in args.ops.split(",") if o]
     stages = list(STAGES) if args.stages == "all" else [s for s in args.stages.split(",") if s]
     me = jax.process_index()
     # Invariant results feed the next call, so the vma checks are off; avg
@@ -132,8 +165,11 @@ def main():
     cases = []
     for nbytes in sizes:
         for algorithm in algorithms:
-            cases.append((f"all_reduce {algorithm}", nbytes, lambda y, a=algorithm: jax_ar.all_reduce(
-                y, "tp", op="avg", algorithm=a)))
+            for op in ops:
+                suffix = "" if op == "avg" else f" {op}"
+                cases.append((f"all_reduce {algorithm}{suffix}", nbytes,
+                              lambda y, a=algorithm, o=op: jax_ar.all_reduce(y, "tp", op=o,
+                                                                             algorithm=a)))
         for stage in stages if nbytes in stage_sizes else ():
             cases.append((f"stage {stage}", nbytes, lambda y, s=stage: protocol_probe(y, "tp", s)))
         if nbytes in copy_sizes:
@@ -148,6 +184,7 @@ def main():
         data = np.random.default_rng(0).integers(-4, 5, (n * elements,)).astype(jnp.bfloat16)
         x = jax.make_array_from_callback(data.shape, jax.sharding.NamedSharding(mesh, P("tp")),
                                          lambda idx: data[idx])
+        result = check_result(wrap(step), x, expected_result(name, data, n))
         program = wrap(chain(step, args.calls))
         if args.dump_hlo and me == 0:
             os.makedirs(args.dump_hlo, exist_ok=True)
@@ -174,6 +211,7 @@ def main():
             "launches_per_sample": args.launches,
             "repeats": args.repeats,
             "us_per_call": per_call_us,
+            "result": result,
             "samples_us_per_call": [round(v, 3) for v in samples],
             "one_launch_us_per_call": 1e6 * statistics.median(one_launch) / args.calls,
             "handler_calls_during_timed_runs": handler_runs,
@@ -194,7 +232,8 @@ def main():
         for r in rows:
             print(f"per call: {r['case']:>22} {r['bytes_per_rank']:>9} B  {r['us_per_call']:8.2f} us"
                   f"  ({r['one_launch_us_per_call']:.2f}; handler runs while timed: "
-                  f"{r['handler_calls_during_timed_runs']})", flush=True)
+                  f"{r['handler_calls_during_timed_runs']})"
+                  f"{'  RESULT WRONG' if r['result'] == 'wrong' else ''}", flush=True)
 
 
 if __name__ == "__main__":

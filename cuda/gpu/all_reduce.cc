@@ -121,7 +121,7 @@ int LLTwoShotBlocks(uint64_t chunk_bytes, int world) {
 
 ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
                         uint64_t total, ReduceOp op, Algorithm algorithm, const KernelPlan& kernel,
-                        int one_shot_threads = 0) {
+                        int one_shot_threads = 0, uint32_t one_shot_variant = kOneShotAsBuilt) {
   if (kernel.capacity == 0) {
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }
@@ -176,7 +176,8 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
         break;
       }
     }
-    if (const cudaError_t err = LaunchAllReduce(kernel.kernel, a, blocks, threads, stream);
+    if (const cudaError_t err =
+            LaunchAllReduce(kernel.kernel, a, blocks, threads, stream, one_shot_variant);
         err != cudaSuccess) {
       return LaunchFailed(state, kOperation, err);
     }
@@ -188,7 +189,8 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
 }  // namespace
 
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads) {
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads,
+                       uint32_t one_shot_variant) {
   Piece p;
   if (!ToDtype(in.element_type(), p.dtype)) {
     return InvalidArgument(std::string("protocol_probe does not support dtype ") +
@@ -202,7 +204,8 @@ ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuff
   const Algorithm algorithm =
       kernel == AllReduceKernel::kOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot;
   return RunAllReduce(stream, state, {p}, AlignUp(p.bytes), ReduceOp::kSum, algorithm,
-                      PlanKernel(state.layout(), state.world, kernel), one_shot_threads);
+                      PlanKernel(state.layout(), state.world, kernel), one_shot_threads,
+                      one_shot_variant);
 }
 
 namespace {

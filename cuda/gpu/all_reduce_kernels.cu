@@ -84,20 +84,24 @@ __device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const Launch
   return CheckHeader(a, waiter);
 }
 
-template <int kSegments>
+template <int kSegments, uint32_t kVariant = kOneShotAsBuilt>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
+  constexpr bool kHeaderAtEnd = (kVariant & kOneShotHeaderAtEnd) != 0;
+  constexpr int kWidth = (kVariant & kOneShotSerialReads) != 0 ? 1 : kRanksInFlight;
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   // The input does not depend on the launch number: its load is issued
   // before BeginLaunch's, so the two round trips overlap.
   int hint = 0;
-  const uint4 first_input = LoadPacked(a, 16 * first, hint);
+  uint4 first_input{};
+  if constexpr ((kVariant & kOneShotLateInput) == 0) first_input = LoadPacked(a, 16 * first, hint);
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
-  Waiter waiter(a, ctx.launch);
-  const int header_peer = HeaderPeerOfThread(a);
+  if constexpr ((kVariant & kOneShotLateInput) != 0) first_input = LoadPacked(a, 16 * first, hint);
+  Waiter waiter(a, ctx.launch, !kHeaderAtEnd);
+  const int header_peer = kHeaderAtEnd ? -1 : HeaderPeerOfThread(a);
   // Every vector of this thread goes out before the first wait, so that a
   // thread with several vectors waits for one exchange, not one per vector.
   for (uint64_t v = first; v < vectors; v += stride) {
@@ -113,11 +117,17 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     // each thread reads a vector before it writes that vector's result.
     const uint4 mine = v == first ? first_input : LoadPacked(a, 16 * v, hint);
     VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
-    ok = TakeInRankOrder(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                         [&](const RankBatch<>& batch) { sum.Add(batch); });
+    ok = TakeInRankOrder<kWidth>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                                 [&](const RankBatch<kWidth>& batch) { sum.Add(batch); });
     if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
   }
-  if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
+  if (ok) {
+    if constexpr (kHeaderAtEnd) {
+      CheckHeader(a, waiter);
+    } else {
+      HeaderAgreed(a, ctx, header_peer, header, waiter);
+    }
+  }
   FinishLaunch(a, ctx);
 }
 
@@ -295,6 +305,29 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
   result->status = kProbeOk;
 }
 
+// The protocol probe's one-shot variants (one array a launch only).
+cudaError_t LaunchOneShotVariant(uint32_t variant, const AllReduceArgs<1>& args, int blocks,
+                                 int threads, cudaStream_t stream) {
+  switch (variant) {
+    case kOneShotSerialReads:
+      OneShotKernel<1, kOneShotSerialReads><<<blocks, threads, 0, stream>>>(args);
+      break;
+    case kOneShotHeaderAtEnd:
+      OneShotKernel<1, kOneShotHeaderAtEnd><<<blocks, threads, 0, stream>>>(args);
+      break;
+    case kOneShotLateInput:
+      OneShotKernel<1, kOneShotLateInput><<<blocks, threads, 0, stream>>>(args);
+      break;
+    case kOneShotAllVariants:
+      OneShotKernel<1, kOneShotAllVariants><<<blocks, threads, 0, stream>>>(args);
+      break;
+    default:
+      OneShotKernel<1><<<blocks, threads, 0, stream>>>(args);
+      break;
+  }
+  return cudaGetLastError();
+}
+
 template <int kSegments>
 cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
                    int threads, cudaStream_t stream) {
@@ -315,7 +348,7 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
 }  // namespace
 
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            int threads, cudaStream_t stream) {
+                            int threads, cudaStream_t stream, uint32_t one_shot_variant) {
   if (args.num_segments == 1) {
     AllReduceArgs<1> one;
     static_cast<ProtocolArgs&>(one) = args;
@@ -326,6 +359,9 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
     one.op = args.op;
     one.num_segments = 1;
     one.segments[0] = args.segments[0];
+    if (kernel == AllReduceKernel::kOneShot && one_shot_variant != kOneShotAsBuilt) {
+      return LaunchOneShotVariant(one_shot_variant, one, blocks, threads, stream);
+    }
     return Launch(kernel, one, blocks, threads, stream);
   }
   return Launch(kernel, args, blocks, threads, stream);
@@ -348,6 +384,10 @@ cudaError_t LoadKernels() {
   for (const void* kernel : {
            reinterpret_cast<const void*>(OneShotKernel<1>),
            reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
+           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotSerialReads>),
+           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotHeaderAtEnd>),
+           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotLateInput>),
+           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotAllVariants>),
            reinterpret_cast<const void*>(TwoShotLLKernel<1>),
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),

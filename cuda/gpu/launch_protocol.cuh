@@ -90,7 +90,10 @@ __device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t laun
 // deadline as a timeout instead of naming the disagreement.
 class Waiter {
  public:
-  __device__ Waiter(const ProtocolArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
+  // poll_header false: this thread never looks at its header peer while it
+  // waits (the probe's kOneShotHeaderAtEnd variant).
+  __device__ Waiter(const ProtocolArgs& a, uint64_t launch, bool poll_header = true)
+      : a_(a), launch_(launch), header_seen_(!poll_header) {}
 
   // False when the thread must stop waiting for `peer` (the rank is aborted).
   __device__ __forceinline__ bool KeepWaiting(int peer) {
@@ -146,9 +149,9 @@ class Waiter {
 
   const ProtocolArgs& a_;
   uint64_t launch_;
+  bool header_seen_;
   uint64_t deadline_ = 0;
   uint32_t polls_ = 0;
-  bool header_seen_ = false;
 };
 
 struct LaunchContext {

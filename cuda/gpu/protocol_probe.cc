@@ -38,6 +38,18 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 128);
     case ProbeStage::kOneShot256:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 256);
+    case ProbeStage::kOneShotSerialReads:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         kOneShotSerialReads);
+    case ProbeStage::kOneShotHeaderAtEnd:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         kOneShotHeaderAtEnd);
+    case ProbeStage::kOneShotLateInput:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         kOneShotLateInput);
+    case ProbeStage::kOneShotAllVariants:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         kOneShotAllVariants);
     default:
       break;
   }

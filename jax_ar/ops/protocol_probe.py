@@ -5,8 +5,12 @@ breakdown (benchmarks/per_call_overhead.py --stages) chains and times.
 Stages, each the previous plus one piece: "empty" (a kernel that does
 nothing), "launch" (the launch protocol), "header" (the call-header
 exchange), "packet" (one LL packet pair to and from every peer); and the
-real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain", and
-the one-shot with its block size forced ("oneshot_t128", "oneshot_t256").
+real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain",
+the one-shot with its block size forced ("oneshot_t128", "oneshot_t256"), and
+one-shot variants that each undo one difference from an older, faster
+kernel (cuda/gpu/kernels.h): "oneshot_serial" (one peer's packets in flight
+at a time), "oneshot_header_end" (call headers awaited at the end only),
+"oneshot_late_input" (input loaded after the launch number), "oneshot_all3".
 """
 from __future__ import annotations
 
@@ -16,10 +20,15 @@ from ._axes import communicator_for
 from ._primitive import collective_primitive
 from .plan import not_serving
 
-__all__ = ["STAGES", "protocol_probe"]
+__all__ = ["KERNEL_STAGES", "STAGES", "protocol_probe"]
 
-STAGES = ("empty", "launch", "header", "packet", "oneshot", "twoshot_ll", "twoshot_plain",
-          "oneshot_t128", "oneshot_t256")
+# In the order of cuda/gpu/protocol_probe.h's ProbeStage. The kernel stages
+# return the sum of the operand over the ranks; the others return their
+# result buffer as it was.
+PROTOCOL_STAGES = ("empty", "launch", "header", "packet")
+KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
+                 "oneshot_serial", "oneshot_header_end", "oneshot_late_input", "oneshot_all3")
+STAGES = PROTOCOL_STAGES + KERNEL_STAGES
 
 
 def _ffi_attributes(*, comm_id, stage, **_):
