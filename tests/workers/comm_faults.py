@@ -137,6 +137,11 @@ def scenario_disagree(mesh):
                 compiled[is_odd] = (fn.lower(*args).compile(), args)
             call, args = compiled[odd]
             run = lambda: call(*args)  # noqa: E731
+            # The ranks may leave compilation seconds apart on a busy GPU
+            # machine, and a rank whose timed call starts first would count
+            # its peers' compile time against PROMPT_S. A good call, which
+            # ends only when every rank has come, starts them together.
+            jax.block_until_ready(good(x4s))
         except jax_ar.JaxArError as early:
             # With 3 ranks, two may meet and fail while this one still
             # traces: tracing on a failed communicator raises at once.
