@@ -306,26 +306,26 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
 }
 
 // The protocol probe's one-shot variants (one array a launch only).
+struct OneShotVariantKernel {
+  uint32_t variant;
+  void (*kernel)(AllReduceArgs<1>);
+};
+constexpr OneShotVariantKernel kOneShotVariantKernels[] = {
+    {kOneShotSerialReads, OneShotKernel<1, kOneShotSerialReads>},
+    {kOneShotHeaderAtEnd, OneShotKernel<1, kOneShotHeaderAtEnd>},
+    {kOneShotLateInput, OneShotKernel<1, kOneShotLateInput>},
+    {kOneShotAllVariants, OneShotKernel<1, kOneShotAllVariants>},
+};
+
 cudaError_t LaunchOneShotVariant(uint32_t variant, const AllReduceArgs<1>& args, int blocks,
                                  int threads, cudaStream_t stream) {
-  switch (variant) {
-    case kOneShotSerialReads:
-      OneShotKernel<1, kOneShotSerialReads><<<blocks, threads, 0, stream>>>(args);
-      break;
-    case kOneShotHeaderAtEnd:
-      OneShotKernel<1, kOneShotHeaderAtEnd><<<blocks, threads, 0, stream>>>(args);
-      break;
-    case kOneShotLateInput:
-      OneShotKernel<1, kOneShotLateInput><<<blocks, threads, 0, stream>>>(args);
-      break;
-    case kOneShotAllVariants:
-      OneShotKernel<1, kOneShotAllVariants><<<blocks, threads, 0, stream>>>(args);
-      break;
-    default:
-      OneShotKernel<1><<<blocks, threads, 0, stream>>>(args);
-      break;
+  for (const OneShotVariantKernel& k : kOneShotVariantKernels) {
+    if (k.variant != variant) continue;
+    void* params[] = {const_cast<AllReduceArgs<1>*>(&args)};
+    return cudaLaunchKernel(reinterpret_cast<const void*>(k.kernel), dim3(blocks), dim3(threads),
+                            params, 0, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 template <int kSegments>
@@ -384,10 +384,6 @@ cudaError_t LoadKernels() {
   for (const void* kernel : {
            reinterpret_cast<const void*>(OneShotKernel<1>),
            reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
-           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotSerialReads>),
-           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotHeaderAtEnd>),
-           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotLateInput>),
-           reinterpret_cast<const void*>(OneShotKernel<1, kOneShotAllVariants>),
            reinterpret_cast<const void*>(TwoShotLLKernel<1>),
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),
@@ -396,6 +392,11 @@ cudaError_t LoadKernels() {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
       return err;
     }
+  }
+  for (const OneShotVariantKernel& k : kOneShotVariantKernels) {
+    const cudaError_t err =
+        cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k.kernel));
+    if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

@@ -39,17 +39,16 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
     case ProbeStage::kOneShot256:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 256);
     case ProbeStage::kOneShotSerialReads:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         kOneShotSerialReads);
     case ProbeStage::kOneShotHeaderAtEnd:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         kOneShotHeaderAtEnd);
     case ProbeStage::kOneShotLateInput:
+    case ProbeStage::kOneShotAllVariants: {
+      // In the order of kernels.h's variant bits.
+      constexpr uint32_t kVariants[] = {kOneShotSerialReads, kOneShotHeaderAtEnd,
+                                        kOneShotLateInput, kOneShotAllVariants};
+      const int index = stage - static_cast<int32_t>(ProbeStage::kOneShotSerialReads);
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         kOneShotLateInput);
-    case ProbeStage::kOneShotAllVariants:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         kOneShotAllVariants);
+                         kVariants[index]);
+    }
     default:
       break;
   }
