@@ -134,6 +134,15 @@ def wait_for(predicate, timeout_s, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _default_stop_signals():
+    """In the child before exec: the launcher's stop signals as a terminal
+    leaves them. A test run started in the background (nohup, `cmd &` in a
+    script) passes SIGHUP or SIGINT on ignored, and the launcher rightly
+    keeps ignoring what it inherits ignored."""
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 class Job:
     """`python -m jax_ar launch ... PROBE args` in the background."""
 
@@ -142,7 +151,8 @@ class Job:
         cmd = [sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--platform", "cpu",
                *(["--grace", str(grace)] if grace else []), PROBE, *args]
         self.proc = subprocess.Popen(cmd, env=dict(os.environ, **{JOB_ENV: self.marker}),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=_default_stop_signals)
         self.out, self.err = [], []
         self.readers = [threading.Thread(target=lambda s=s, d=d: d.extend(s), daemon=True)
                         for s, d in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
@@ -249,6 +259,9 @@ def test_ctrl_c_in_a_program_that_calls_launch():
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # Ctrl-C's default meaning here too, should this run have inherited
+    # SIGINT ignored (see _default_stop_signals).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = threading.Thread(target=interrupt_when_looping, daemon=True)
     thread.start()
     try:
@@ -261,3 +274,4 @@ def test_ctrl_c_in_a_program_that_calls_launch():
         for pid in job_processes(marker):
             os.kill(pid, signal.SIGKILL)
         subprocess.run(["rm", "-rf", log_dir])
+        signal.signal(signal.SIGINT, previous)
