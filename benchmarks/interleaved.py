@@ -101,6 +101,7 @@ def main():
         if ns.json:
             with open(ns.json, "a") as f:
                 f.write(json.dumps({"mode": ns.mode, "dtype": ns.dtype, "bytes": nbytes,
+                                    "ranks": jax.device_count(),
                                     "samples": slowest, "load": os.getloadavg()[0],
                                     "time": time.time()}) + "\n")
 

@@ -13,12 +13,14 @@ pytestmark = runs_on("cpu", "gpu")
 
 
 WORKER = "ops_all_reduce.py"
-CONFIGS = [  # (processes, devices per process)
+# (processes, devices per process). Eight ranks in one process (1, 8) and
+# several devices in each of several processes (2, 2) cover what (4, 2)
+# did, which cost CI about 2 minutes per jax version.
+CONFIGS = [
     (1, 8),
     (2, 1),
     (2, 2),
     (4, 1),
-    (4, 2),
 ]
 if ON_GPU:
     CONFIGS = [(2, 1), (4, 1), (8, 1)]

@@ -76,76 +76,100 @@ def _gpu_norm_defaults(n: int) -> dict:
 
 
 # CPU devices: ranks are processes copying through POSIX shared memory; psum
-# goes through gloo over localhost TCP. (latency us, us/MB) per round at 2
-# and at 4 ranks; other world sizes follow the straight line through the
-# two (a guess beyond 4). All on the project's 2-core VM, shared with other
-# engineers' test runs (load average 6-21 on its 2 cores).
-# 2 ranks, refitted 2026-12-01 (issue 22) to an interleaved timing of bench's
-# programs (jax_ar/tools/bench_rank.py: float32 sum, chains of 10; the three
-# algorithms of one size timed in turn, alternating their order, 16 rounds
-# from 1K to 1M and 6 from 2M to 64M over 2 runs; load average 12-15). By the
-# median time at each size: one-shot fastest up to 32K (1.02-2.0x over the
-# next; a tie at 32K), two-shot from 64K to 1M (1.01-1.7x), psum from 2M
-# (1.3-2.0x; two-shot needs several rounds of the 8 MiB workspace there, 2 MB
-# each). One-shot's slope is its 256K-1M one (one round); two-shot's, 3500
-# us/MB, is above its one-round 2650 so that its rounds cost what it measured
-# from 2M (3.4-5.0 ms/MB); psum's line goes through 2M-64M; the latencies put
-# one-shot/two-shot at about 48K. Five sequential bench runs of the same day
-# (load 10-21) disagreed at 8K-32K (two-shot 1.1-1.4x ahead) and had psum
-# ahead from 128K: at such loads rankings move from run to run, which is why
-# the interleaved timing decided. The issue reported a run in which two-shot
-# was 1.13-1.38x ahead of psum from 4M: on a quieter machine jax_ar's spinning
-# ranks lose their core less often, so psum may take over later there; tune
-# such a machine.
-# 4 ranks: the fit of 2026-12-01 before that (10 runs of the bench, load
-# average 6-8, docs/benchmarks.md): one-shot up to 32K, two-shot, psum from
-# 2M.
-_CPU_FIT = {
-    "oneshot": ((100.0, 3957.0), (540.0, 14250.0)),
-    "twoshot": ((122.0, 3500.0), (963.0, 5229.0)),
-    "psum": ((1000.0, 2950.0), (6500.0, 2550.0)),
+# goes through gloo over localhost TCP. Per round, at 2 and at 4 ranks,
+# through the medians of `benchmarks/interleaved.py` (bench's programs:
+# float32 sum, chains of 10 calls; the three algorithms of a size timed in
+# turn, alternating their order; 8 rounds from 1K to 1M, 3-4 from 2M to 16M)
+# on the project's 2-core VM with nothing else running (load average about
+# 2: the ranks' own), 2026-12-01 (issue 22). docs/benchmarks.md has the
+# table. By the median: at 2 ranks one-shot and two-shot tie at 1K, two-shot
+# is fastest from 2K to 2M (1.2-1.6x over one-shot) and psum from 4M
+# (1.02-1.11x); at 4 ranks one-shot up to 2K, two-shot from 4K to 4M
+# (1.2-2.8x), psum at 8M (1.11x). On a machine loaded by other work (load
+# average 6-21, the fits before this one) every time was 10-25x longer and
+# one-shot won up to 32K: spinning ranks then lose their core; tune such a
+# machine. Other world sizes: _cpu_curve.
+# The points: one round each up to 1M (at 4 ranks one-shot's 1M takes two),
+# then the cost of a full round of the two-shot workspace share (2,080,768
+# bytes of the default 8 MiB at 2 and 4 ranks), chosen between what the
+# 2M-8M calls of several rounds measured per round (two-shot: 2.9-3.5 ms at
+# 2 ranks, 5.3-6.9 ms at 4) so that the rounds' sums rank two-shot and psum
+# as measured. psum has no rounds: its points are the calls from 1M up, flat
+# below 1M, where it is 2-360x slower than the kernels and its gloo round
+# trips are bimodal (350-2900 us at 2 ranks); 16M at 4 ranks extends 4M-8M.
+_CPU_KERNEL_SIZES = tuple(1024 << k for k in range(11)) + (2080768,)
+_CPU_KERNEL_US = {
+    2: {"oneshot": (6.5, 8.4, 11.7, 17.9, 29.6, 54.9, 101.2, 192.2, 348.9, 769.8, 1595.0, 3700.0),
+        "twoshot": (6.7, 7.9, 9.8, 13.8, 22.1, 35.4, 64.9, 119.2, 251.3, 527.1, 1094.3, 3300.0)},
+    4: {"oneshot": (54.3, 57.2, 80.4, 119.3, 178.6, 317.4, 613.0, 1177.4, 2198.0, 4362.8, 8249.3,
+                    16000.0),
+        "twoshot": (75.2, 77.3, 66.3, 85.2, 102.5, 151.9, 233.4, 512.9, 782.4, 1713.1, 3061.9,
+                    6400.0)},
 }
+_CPU_PSUM_SIZES = tuple(1 << k for k in range(20, 25))  # 1M .. 16M
+_CPU_PSUM_US = {2: (2064.0, 3518.0, 6376.0, 9647.0, 21245.0),
+                4: (6884.0, 8115.0, 13583.0, 24927.0, 47615.0)}
+
+
+def _cpu_curve(sizes, at2, at4, n) -> CostCurve:
+    """The curve through the times at n ranks, made non-decreasing: up to 4
+    ranks on the line through the 2- and 4-rank times at each size; beyond,
+    the 4-rank times scaled by n / 4 (the ranks share two cores, so each
+    waits for the others about n times as long; a guess that keeps the
+    4-rank choice)."""
+    if n <= 4:
+        at_n = [a + (b - a) * (n - 2) / 2 for a, b in zip(at2, at4)]
+    else:
+        at_n = [b * n / 4 for b in at4]
+    times, top = [], 0.0
+    for t in at_n:
+        top = max(top, t, 1.0)
+        times.append(top)
+    return CostCurve.through(tuple(zip(sizes, times)))
 
 
 def _cpu_defaults(n: int) -> dict:
-    t = (n - 2) / 2  # 0 at 2 ranks, 1 at 4
-    curves = {a: CostCurve.linear(l2 + (l4 - l2) * t, b2 + (b4 - b2) * t)
-              for a, ((l2, b2), (l4, b4)) in _CPU_FIT.items()}
+    curves = {a: _cpu_curve(_CPU_KERNEL_SIZES, _CPU_KERNEL_US[2][a], _CPU_KERNEL_US[4][a], n)
+              for a in ("oneshot", "twoshot")}
+    curves["psum"] = _cpu_curve(_CPU_PSUM_SIZES, _CPU_PSUM_US[2], _CPU_PSUM_US[4], n)
     return {**curves, **_cpu_norm_defaults(n)}
 
 
-# all_reduce_rms_norm's paths on CPU devices, per call, refitted 2026-12-01
-# (issue 22): `benchmarks/interleaved.py --mode rms_norm` on 2 ranks of the
-# 2-core VM (load average about 12), float32 and bfloat16, hidden
-# min(4096, elements), 16 rounds from 1K to 128K and 6 from 256K to 4M over
-# 2 runs, with the all-reduce defaults above (the pair's all-reduce is
-# "auto"). Each point is the geometric mean of the two dtypes' median
-# times, made non-decreasing. The pair jax_ar.all_reduce + jax_ar.rms_norm
-# ("composed") was the fastest path, or within 4% of it, at every size in
-# both dtypes (bfloat16 at 2K: 13%), except 64K, where fused two-shot is 2%
-# ahead (a tie); the fused kernel carries float32 copies of x through shared
-# memory and allocates them per call. (The earlier fit, tune's curves of one
-# run, sent 1K-64K to fused two-shot, 1.5-3.9x slower than the pair.) Other
-# world sizes: the same curves scaled by n / 2 (the ranks share two cores),
-# so the choice, and the paths CI exercises, stay those of two ranks.
-_CPU_FUSED_ONESHOT = ((1024, 170), (8192, 253), (16384, 481), (32768, 735), (65536, 1307),
-                      (131072, 3763), (262144, 5075), (524288, 11072), (1048576, 22308),
-                      (2097152, 54454), (4194304, 95463))
-_CPU_FUSED_TWOSHOT = ((1024, 210), (8192, 296), (16384, 470), (32768, 673), (65536, 1042),
-                      (131072, 3479), (262144, 5050), (524288, 9481), (1048576, 20467),
-                      (2097152, 46661), (4194304, 86330))
-_CPU_COMPOSED = ((1024, 124), (8192, 216), (16384, 414), (32768, 596), (65536, 1066),
-                 (131072, 2949), (262144, 4015), (524288, 7882), (1048576, 18867),
-                 (2097152, 45131), (4194304, 80249))
+# all_reduce_rms_norm's paths on CPU devices, per call: the medians of
+# `benchmarks/interleaved.py --mode rms_norm` (float32, bench's default;
+# hidden min(4096, elements); 8 rounds at 2 ranks, 5 at 4 up to 1M, 3-4 at
+# 2M-4M) on the same quiet VM the same day, with the all-reduce defaults
+# above (the pair's all-reduce is "auto"). The pair jax_ar.all_reduce +
+# jax_ar.rms_norm ("composed") was the fastest of jax_ar's paths at every
+# size from 1K to 2M at both world sizes (fused two-shot within 1-2% at
+# 512K-1M at 4 ranks); at 4M, 2 ranks, fused two-shot was 3% ahead (the
+# curves pick it there). From 2M psum + jnp norm (not one of auto's
+# paths) was 1.0-1.7x faster than all of them. The fused CPU handler
+# carries float32 copies of x through shared memory. bfloat16
+# (measured too, docs/benchmarks.md) costs the CPU kernels more per byte:
+# there fused two-shot was 3-12% ahead of the pair at 16K-128K, and from
+# 256K psum + jnp norm, which no path of jax_ar's beats on CPU. Other world
+# sizes: _cpu_curve.
+_CPU_NORM_SIZES = tuple(1024 << k for k in range(13))  # 1K .. 4M
+_CPU_NORM_US = {
+    2: {"fused_oneshot": (28.9, 34.1, 42.2, 52.8, 110.0, 250.0, 248.7, 765.5, 857.9, 1984.0,
+                          3281.8, 6724.0, 14864.2),
+        "fused_twoshot": (35.5, 33.0, 41.3, 49.5, 98.8, 222.8, 203.3, 710.7, 747.4, 1710.5,
+                          2889.7, 5892.5, 12602.8),
+        "composed": (8.4, 9.9, 18.9, 23.6, 82.1, 197.5, 181.3, 672.2, 699.0, 1317.2, 2837.4,
+                     5374.6, 13013.0)},
+    4: {"fused_oneshot": (81.3, 154.7, 136.7, 213.3, 355.5, 600.1, 893.1, 1711.4, 3538.1, 6494.4,
+                          12318.5, 26905.5, 53876.2),
+        "fused_twoshot": (90.6, 145.7, 130.4, 175.7, 241.6, 317.7, 535.7, 954.0, 1989.5, 3464.3,
+                          6758.7, 13910.3, 30290.2),
+        "composed": (71.4, 101.2, 85.2, 128.2, 225.7, 267.1, 521.4, 884.4, 1970.5, 3443.1,
+                     6578.3, 13055.0, 27051.6)},
+}
 
 
 def _cpu_norm_defaults(n: int) -> dict:
-    scaled = lambda points: tuple((b, t * n / 2) for b, t in points)  # noqa: E731
-    return {
-        "fused_oneshot": CostCurve.through(scaled(_CPU_FUSED_ONESHOT)),
-        "fused_twoshot": CostCurve.through(scaled(_CPU_FUSED_TWOSHOT)),
-        "composed": CostCurve.through(scaled(_CPU_COMPOSED)),
-    }
+    return {path: _cpu_curve(_CPU_NORM_SIZES, _CPU_NORM_US[2][path], _CPU_NORM_US[4][path], n)
+            for path in ("fused_oneshot", "fused_twoshot", "composed")}
 
 
 _DEFAULTS = {"cpu": (_cpu_defaults, "CPU shared memory"),

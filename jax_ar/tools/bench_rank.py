@@ -20,6 +20,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 import json  # noqa: E402
 import platform as host_platform  # noqa: E402
 import re  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
@@ -131,9 +132,32 @@ class Runner:
         return compiled
 
     # --- cases ----------------------------------------------------------------
-    def run_case(self, case):
-        """Times one case; case["at_capacity"] = an algorithm sizes the
-        message to one round of that algorithm's workspace."""
+    def run_group(self, cases):
+        """Times the cases of one message (the algorithms of one size, dtype
+        and op) in turn: each of cfg["repeats"] rounds takes one sample of
+        every case, alternating their order, so that load that comes and
+        goes during the group slows every case alike (timed one after the
+        other, they ranked differently from run to run on a busy 2-core
+        machine). case["at_capacity"] = an algorithm sizes the message to
+        one round of that algorithm's workspace."""
+        cfg = self.config
+        prepared = [self._prepare_timing(case) for case in cases]
+        timed = [(result, how) for result, how in prepared if how is not None]
+        outputs = {}
+        for k in range(cfg["repeats"]):
+            for result, (run, chain, launches, _) in (timed if k % 2 == 0 else timed[::-1]):
+                _, sample, outputs[id(result)] = measure(run, chain, launches, 1)
+                result["samples"] += sample
+        for result, (_, chain, launches, check) in timed:
+            result.update(chain=chain, launches=launches,
+                          time_us=statistics.median(result["samples"]),
+                          wrong=check(outputs[id(result)]) if cfg.get("check", True) else None)
+        return [result for result, _ in prepared]
+
+    def _prepare_timing(self, case):
+        """(result, (run, chain, launches, check)) of one case, compiled and
+        calibrated; (result, None) when it cannot run here (result says
+        why)."""
         cfg = self.config
         algorithm = case["algorithm"]
         result = dict(case, chain=0, time_us=None, samples=[], wrong=0, status="ok")
@@ -141,7 +165,7 @@ class Runner:
         reason = self.unavailable.get(algorithm)
         if reason:
             result["status"] = reason
-            return result
+            return result, None
         if case.get("at_capacity"):  # exactly what one workspace round carries
             itemsize = data.DTYPES[case["dtype"]].itemsize
             count = self.comm.capacity_bytes(case["at_capacity"]) // itemsize
@@ -159,16 +183,13 @@ class Runner:
             # XLA's own collectives may be unavailable here (an unknown
             # option, no collectives implementation): report, do not fail.
             result["status"] = f"n/a: {str(e).splitlines()[0][:160]}"
-            return result
+            return result, None
         run = lambda: compiled(*args)  # noqa: E731
         # Every rank must launch equally often: agree on the slowest rank's launch time.
         launch_s = max(gather(cfg["run_id"], f"calibrate/{case['index']}",
                               calibrate(run, cfg["warmup"]), cfg.get("gather_timeout_s", 300)))
         launches = launches_for(launch_s, cfg["launches"], cfg["min_sample_s"])
-        median, samples, out = measure(run, chain, launches, cfg["repeats"])
-        result.update(chain=chain, launches=launches, time_us=median, samples=samples,
-                      wrong=check(out) if cfg.get("check", True) else None)
-        return result
+        return result, (run, chain, launches, check)
 
     def _prepare(self, case):
         """(program, its arguments, chain length, check(outputs) -> #wrong)."""
@@ -272,6 +293,21 @@ class Runner:
         return info
 
 
+def _same_message_groups(cases):
+    """Runs of consecutive cases that time the same message with different
+    algorithms ([(index, case), ...] each): bench lists a size's
+    algorithms together; tune lists an algorithm's sizes, whose cases then
+    run one at a time."""
+    groups, key_of = [], lambda c: tuple(c.get(k) for k in ("bytes", "at_capacity", "dtype",
+                                                              "op", "hidden"))
+    for i, case in enumerate(cases):
+        if groups and key_of(groups[-1][-1][1]) == key_of(case):
+            groups[-1].append((i, case))
+        else:
+            groups.append([(i, case)])
+    return groups
+
+
 def _packed(nbytes: int) -> int:
     """What one array of `nbytes` takes in a call: whole 16-byte vectors."""
     return -(-nbytes // 16) * 16
@@ -303,12 +339,14 @@ def main(argv) -> None:
     cases = config["cases"]
     results = []
     start = time.monotonic()
-    for i, case in enumerate(cases):
+    for group in _same_message_groups(cases):
         if leader:
+            i, case = group[0]
             size = f"{case['at_capacity']}-round" if case.get("at_capacity") else case["bytes"]
-            print(f"@@progress {i} {len(cases)} {size} {case['dtype']} {case['op']} "
-                  f"{case['algorithm']}", flush=True)
-        results.append(runner.run_case(dict(case, index=i)))
+            what = ",".join(c["algorithm"] for _, c in group)
+            print(f"@@progress {i} {len(cases)} {size} {case['dtype']} {case['op']} {what}",
+                  flush=True)
+        results += runner.run_group([dict(case, index=i) for i, case in group])
     if leader:
         print(f"@@progress {len(cases)} {len(cases)} done", flush=True)
     mine = [[r["time_us"], r["wrong"]] for r in results]
