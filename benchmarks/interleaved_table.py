@@ -45,6 +45,9 @@ def main():
                         and args.dtype in (None, row["dtype"])):
                     for name, times in row["samples"].items():
                         samples[(row["dtype"], row["bytes"])][name].extend(times)
+    if not samples:
+        raise SystemExit(f"no {args.mode} rows of {args.ranks} ranks"
+                         f"{' in ' + args.dtype if args.dtype else ''} in {', '.join(args.jsonl)}")
     names = list(next(iter(samples.values())))
     kernels = [n for n in names if n != "psum+norm"]  # the baseline is never auto's
     print("| size per rank | dtype | rounds | " + " | ".join(f"{n} us" for n in names) +
