@@ -16,7 +16,7 @@
 #                                       scripts/build_for_gpu.sh)
 #   "own VARIANT DIR ARGS"              DIR's own benchmarks/per_call_overhead.py
 #                                       (an older tree's method: one launch per
-#                                       sample), its "per call:" lines in the log
+#                                       sample), its "per call" lines in the log
 #   "run CMD..."                        any command under the same MPS daemon
 #                                       (python -m jax_ar bench --op rms_norm, a
 #                                       test worker), with this tree's jax_ar
@@ -64,28 +64,30 @@ PY
   done
 }
 
-tree() {  # tree VARIANT DIR ARGS...
-  local variant="$1" dir; dir="$(realpath "$2")"; shift 2
+# launch_each LABEL DIR SCRIPT ARGS...: SCRIPT (relative to DIR) with DIR's
+# jax_ar, at each of $RANKS ranks; rank 0's "per call:" lines go to the log
+# as "per call (LABEL, N ranks):".
+launch_each() {
+  local label="$1" dir; dir="$(realpath "$2")"; local script="$3"; shift 3
   local n
   for n in $RANKS; do
-    echo "===== $variant, $n ranks ($(date -u +%H:%M:%S)): $*" >> "$LOG"
-    (cd "$dir" && PYTHONPATH="$dir" timeout 300 \
-      "$PYTHON" -m jax_ar launch --platform gpu --timeout 280 -n "$n" \
-      "$here/benchmarks/per_call_overhead.py" --variant "$variant" --json "$OUT" "$@") \
-      >> "$LOG" 2>&1 || echo "FAILED: $variant at $n ranks" | tee -a "$LOG"
+    echo "===== $label, $n ranks ($(date -u +%H:%M:%S)): $*" >> "$LOG"
+    (cd "$dir" && PYTHONPATH="$dir" timeout 300 "$PYTHON" -m jax_ar launch --platform gpu \
+      --timeout 280 -n "$n" "$script" "$@") 2>&1 \
+      | sed "s/^\(\[rank 0\] \)\?per call:/per call ($label, $n ranks):/" >> "$LOG" \
+      || echo "FAILED: $label at $n ranks" | tee -a "$LOG"
   done
 }
 
+tree() {  # tree VARIANT DIR ARGS...
+  local variant="$1" dir="$2"; shift 2
+  launch_each "$variant" "$dir" "$here/benchmarks/per_call_overhead.py" \
+    --variant "$variant" --json "$OUT" "$@"
+}
+
 own() {  # own VARIANT DIR ARGS...
-  local variant="$1" dir; dir="$(realpath "$2")"; shift 2
-  local n
-  for n in $RANKS; do
-    echo "===== $variant (own benchmark), $n ranks ($(date -u +%H:%M:%S)): $*" >> "$LOG"
-    (cd "$dir" && PYTHONPATH="$dir" timeout 300 "$PYTHON" -m jax_ar launch --platform gpu \
-      --timeout 280 -n "$n" benchmarks/per_call_overhead.py "$@") 2>&1 \
-      | sed "s/^\(\[rank 0\] \)\?per call:/per call ($variant, $n ranks):/" >> "$LOG" \
-      || echo "FAILED: $variant at $n ranks" | tee -a "$LOG"
-  done
+  local variant="$1" dir="$2"; shift 2
+  launch_each "$variant (own benchmark)" "$dir" benchmarks/per_call_overhead.py "$@"
 }
 
 run() {  # run CMD...
@@ -98,4 +100,4 @@ for job in "$@"; do
   read -r -a words <<< "$job"
   "${words[@]}"
 done
-grep -h "per call:\|^ll_floor\|FAILED" "$LOG" | sed 's/^\[rank 0\] //'
+grep -h "^per call (\|^ll_floor\|FAILED" "$LOG"
