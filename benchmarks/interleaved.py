@@ -102,6 +102,8 @@ def main():
             with open(ns.json, "a") as f:
                 f.write(json.dumps({"mode": ns.mode, "dtype": ns.dtype, "bytes": nbytes,
                                     "ranks": jax.device_count(),
+                                    "capacities": {a: runner.comm.capacity_bytes(a)
+                                                   for a in ("oneshot", "twoshot")},
                                     "samples": slowest, "load": os.getloadavg()[0],
                                     "time": time.time()}) + "\n")
 

@@ -13,21 +13,21 @@ import json
 import statistics
 from collections import defaultdict
 
-from jax_ar import _native, selection
+from jax_ar import selection
 
 # interleaved.py's rms_norm candidates as the selection names its paths.
 NORM_PATH_OF = {"fused_oneshot": "fused_oneshot", "fused_twoshot": "fused_twoshot",
                 "all_reduce+rms_norm": "composed"}
 
 
-def auto_pick(mode: str, ranks: int, nbytes: int) -> str:
+def auto_pick(mode: str, ranks: int, nbytes: int, capacities: dict) -> str:
+    """What auto picks with the shipped defaults; `capacities`: what one
+    round of each kernel carried in the timed runs (their workspace)."""
     table = selection.default_table("cpu", "cpu", ranks)
     if mode == "rms_norm":
         path = min(NORM_PATH_OF.values(), key=lambda p: table.call_us(p, nbytes))
         return next(c for c, p in NORM_PATH_OF.items() if p == path)
-    capacities = _native.cpu.capacities(8 << 20, ranks)  # setup's default workspace on CPU
-    return selection.choose_algorithm("cpu", ranks, nbytes,
-                                      capacity_bytes=lambda a: capacities.get(a))
+    return selection.choose_algorithm("cpu", ranks, nbytes, capacity_bytes=capacities.get)
 
 
 def main():
@@ -38,11 +38,13 @@ def main():
     parser.add_argument("--dtype", default=None, help="only rows of this dtype")
     args = parser.parse_args()
     samples = defaultdict(lambda: defaultdict(list))  # (dtype, bytes) -> candidate -> [us]
+    capacities = {}
     for path in args.jsonl:
         with open(path) as f:
             for row in map(json.loads, filter(str.strip, f)):
                 if (row["mode"] == args.mode and row.get("ranks", args.ranks) == args.ranks
                         and args.dtype in (None, row["dtype"])):
+                    capacities = row["capacities"]
                     for name, times in row["samples"].items():
                         samples[(row["dtype"], row["bytes"])][name].extend(times)
     if not samples:
@@ -59,7 +61,7 @@ def main():
         rounds = len(per[names[0]])
         won = [sum(per[n][k] == min(per[m][k] for m in kernels) for k in range(rounds))
                for n in kernels]
-        pick = auto_pick(args.mode, args.ranks, nbytes)
+        pick = auto_pick(args.mode, args.ranks, nbytes, capacities)
         size = f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
         print(f"| {size} | {dtype} | {rounds} | " +
               " | ".join(f"{medians[n]:.1f}" for n in names) +
