@@ -121,7 +121,7 @@ int LLTwoShotBlocks(uint64_t chunk_bytes, int world) {
 
 ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
                         uint64_t total, ReduceOp op, Algorithm algorithm, const KernelPlan& kernel,
-                        int one_shot_threads = 0, uint32_t one_shot_variant = kOneShotAsBuilt) {
+                        int one_shot_threads = 0, LLReads reads = LLReads::kAsBuilt) {
   if (kernel.capacity == 0) {
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }
@@ -177,7 +177,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
       }
     }
     if (const cudaError_t err =
-            LaunchAllReduce(kernel.kernel, a, blocks, threads, stream, one_shot_variant);
+            LaunchAllReduce(kernel.kernel, a, blocks, threads, stream, reads);
         err != cudaSuccess) {
       return LaunchFailed(state, kOperation, err);
     }
@@ -190,7 +190,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
 
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
                        ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads,
-                       uint32_t one_shot_variant) {
+                       LLReads reads) {
   Piece p;
   if (!ToDtype(in.element_type(), p.dtype)) {
     return InvalidArgument(std::string("protocol_probe does not support dtype ") +
@@ -204,8 +204,7 @@ ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuff
   const Algorithm algorithm =
       kernel == AllReduceKernel::kOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot;
   return RunAllReduce(stream, state, {p}, AlignUp(p.bytes), ReduceOp::kSum, algorithm,
-                      PlanKernel(state.layout(), state.world, kernel), one_shot_threads,
-                      one_shot_variant);
+                      PlanKernel(state.layout(), state.world, kernel), one_shot_threads, reads);
 }
 
 namespace {

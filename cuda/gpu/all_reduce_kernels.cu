@@ -6,9 +6,9 @@
 // one-shot      Each thread owns 16-byte vectors of the message. It sends
 //               all of them to every peer as LL packets (slot `rank` of the
 //               peer's LL half), then takes every rank's packets of each
-//               vector in rank order (packets.cuh GatherRanks: every peer's
-//               reads in flight at once) and reduces. No barrier, no
-//               separate flag: the data carries its own readiness.
+//               vector in rank order, one peer's at a time, and reduces.
+//               No barrier, no separate flag: the data carries its own
+//               readiness.
 // two-shot, LL  The message is cut into `world` chunks; rank j reduces chunk
 //               j. Each thread owns vector v of every chunk: it sends vector
 //               v of chunk j to rank j, awaits vector v of its own chunk from
@@ -84,24 +84,20 @@ __device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const Launch
   return CheckHeader(a, waiter);
 }
 
-template <int kSegments, uint32_t kVariant = kOneShotAsBuilt>
+template <int kSegments>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  constexpr bool kHeaderAtEnd = (kVariant & kOneShotHeaderAtEnd) != 0;
-  constexpr int kWidth = (kVariant & kOneShotSerialReads) != 0 ? 1 : kRanksInFlight;
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   // The input does not depend on the launch number: its load is issued
   // before BeginLaunch's, so the two round trips overlap.
   int hint = 0;
-  uint4 first_input{};
-  if constexpr ((kVariant & kOneShotLateInput) == 0) first_input = LoadPacked(a, 16 * first, hint);
+  const uint4 first_input = LoadPacked(a, 16 * first, hint);
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
-  if constexpr ((kVariant & kOneShotLateInput) != 0) first_input = LoadPacked(a, 16 * first, hint);
-  Waiter waiter(a, ctx.launch, !kHeaderAtEnd);
-  const int header_peer = kHeaderAtEnd ? -1 : HeaderPeerOfThread(a);
+  Waiter waiter(a, ctx.launch);
+  const int header_peer = HeaderPeerOfThread(a);
   // Every vector of this thread goes out before the first wait, so that a
   // thread with several vectors waits for one exchange, not one per vector.
   for (uint64_t v = first; v < vectors; v += stride) {
@@ -117,17 +113,14 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     // each thread reads a vector before it writes that vector's result.
     const uint4 mine = v == first ? first_input : LoadPacked(a, 16 * v, hint);
     VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
-    ok = TakeInRankOrder<kWidth>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                                 [&](const RankBatch<kWidth>& batch) { sum.Add(batch); });
+    // One peer's packets at a time: all of them in flight at once measured
+    // 1.1-1.2x slower at 2 ranks, 1.3-1.6x at 4 and 1.5x at 8 (16 KB and 256 KB,
+    // 2026-12-02, docs/gpu.md), and takes 220 registers a thread, not 94.
+    ok = TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                            [&](const RankBatch<1>& batch) { sum.Add(batch); });
     if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
   }
-  if (ok) {
-    if constexpr (kHeaderAtEnd) {
-      CheckHeader(a, waiter);
-    } else {
-      HeaderAgreed(a, ctx, header_peer, header, waiter);
-    }
-  }
+  if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
   FinishLaunch(a, ctx);
 }
 
@@ -139,7 +132,7 @@ __device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint6
   return static_cast<uint64_t>(phase) * a.world * slot_bytes;
 }
 
-template <int kSegments>
+template <int kSegments, int kWidth = kRanksInFlight>
 __global__ void __launch_bounds__(kOneShotThreads, 2)
     TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   LaunchContext ctx;
@@ -155,7 +148,7 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   // Phase 0: vector v of chunk j goes to rank j, for all of this thread's v.
   for (uint64_t v = first; v < vectors; v += stride) {
     for (int step = 1; step < a.world; ++step) {
-      const int peer = (a.rank + step) % a.world;
+      const int peer = PeerAfter(a, step);
       const uint4 part = LoadPacked(a, peer * chunk + 16 * v, hint);
       WritePacketPair(PacketSlot(a, peer, ctx.parity, a.slot_bytes, a.rank) + 2 * v, part,
                       ctx.flag);
@@ -171,8 +164,8 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
     const uint64_t mine_at = a.rank * chunk + 16 * v;
     const uint4 mine = LoadPacked(a, mine_at, hint);
     VectorAccumulator sum(DtypeAt(a, mine_at, hint), a.op);
-    ok = TakeInRankOrder(a, parts, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                         [&](const RankBatch<>& batch) { sum.Add(batch); });
+    ok = TakeInRankOrder<kWidth>(a, parts, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                                 [&](const RankBatch<kWidth>& batch) { sum.Add(batch); });
     if (!ok) break;
     const uint4 reduced = sum.Result(a.world);
     StorePacked(a, mine_at, reduced, hint);
@@ -181,11 +174,11 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   // Phase 1: every peer's reduced vectors into the output.
   const LLPacket* reduced = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0, phase1);
   for (uint64_t v = first; v < vectors && ok; v += stride) {
-    ok = TakeInRankOrder(
+    ok = TakeInRankOrder<kWidth>(
         a, reduced, a.slot_bytes, 2 * v, ctx.flag, waiter, make_uint4(0, 0, 0, 0),
-        [&](const RankBatch<>& batch) {
+        [&](const RankBatch<kWidth>& batch) {
 #pragma unroll
-          for (int j = 0; j < kRanksInFlight; ++j) {
+          for (int j = 0; j < kWidth; ++j) {
             const int s = batch.base + j;
             if (j < batch.count && s != a.rank) StorePacked(a, s * chunk + 16 * v, batch.Data(j), hint);
           }
@@ -214,7 +207,7 @@ __global__ void __launch_bounds__(kTwoShotThreads)
 
   // Phase 0: my part of chunk j goes to rank j.
   for (int i = 1; i < a.world; ++i) {
-    const int peer = (a.rank + i) % a.world;
+    const int peer = PeerAfter(a, i);
     const uint64_t base = peer * chunk;
     std::byte* dst = TwoShotSlot(a, peer, parity, 0, a.rank);
     int hint = 0;
@@ -240,7 +233,7 @@ __global__ void __launch_bounds__(kTwoShotThreads)
       const uint4 result = sum.Result(a.world);
       StorePacked(a, x, result, hint);
       for (int i = 1; i < a.world; ++i) {
-        const int peer = (a.rank + i) % a.world;
+        const int peer = PeerAfter(a, i);
         Store16(TwoShotSlot(a, peer, parity, 1, a.rank) + 16 * v, result);
       }
     }
@@ -251,7 +244,7 @@ __global__ void __launch_bounds__(kTwoShotThreads)
   // Phase 1: every other rank's reduced chunk into my outputs.
   if (ok) {
     for (int i = 1; i < a.world; ++i) {
-      const int owner = (a.rank + i) % a.world;
+      const int owner = PeerAfter(a, i);
       const uint64_t base = owner * chunk;
       const std::byte* src = TwoShotSlot(a, a.rank, parity, 1, owner);
       int hint = 0;
@@ -305,29 +298,6 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
   result->status = kProbeOk;
 }
 
-// The protocol probe's one-shot variants (one array a launch only).
-struct OneShotVariantKernel {
-  uint32_t variant;
-  void (*kernel)(AllReduceArgs<1>);
-};
-constexpr OneShotVariantKernel kOneShotVariantKernels[] = {
-    {kOneShotSerialReads, OneShotKernel<1, kOneShotSerialReads>},
-    {kOneShotHeaderAtEnd, OneShotKernel<1, kOneShotHeaderAtEnd>},
-    {kOneShotLateInput, OneShotKernel<1, kOneShotLateInput>},
-    {kOneShotAllVariants, OneShotKernel<1, kOneShotAllVariants>},
-};
-
-cudaError_t LaunchOneShotVariant(uint32_t variant, const AllReduceArgs<1>& args, int blocks,
-                                 int threads, cudaStream_t stream) {
-  for (const OneShotVariantKernel& k : kOneShotVariantKernels) {
-    if (k.variant != variant) continue;
-    void* params[] = {const_cast<AllReduceArgs<1>*>(&args)};
-    return cudaLaunchKernel(reinterpret_cast<const void*>(k.kernel), dim3(blocks), dim3(threads),
-                            params, 0, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 template <int kSegments>
 cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
                    int threads, cudaStream_t stream) {
@@ -348,7 +318,7 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
 }  // namespace
 
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            int threads, cudaStream_t stream, uint32_t one_shot_variant) {
+                            int threads, cudaStream_t stream, LLReads reads) {
   if (args.num_segments == 1) {
     AllReduceArgs<1> one;
     static_cast<ProtocolArgs&>(one) = args;
@@ -359,8 +329,9 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
     one.op = args.op;
     one.num_segments = 1;
     one.segments[0] = args.segments[0];
-    if (kernel == AllReduceKernel::kOneShot && one_shot_variant != kOneShotAsBuilt) {
-      return LaunchOneShotVariant(one_shot_variant, one, blocks, threads, stream);
+    if (kernel == AllReduceKernel::kTwoShotLL && reads == LLReads::kOnePeer) {
+      TwoShotLLKernel<1, 1><<<blocks, kOneShotThreads, 0, stream>>>(one);
+      return cudaGetLastError();
     }
     return Launch(kernel, one, blocks, threads, stream);
   }
@@ -386,17 +357,13 @@ cudaError_t LoadKernels() {
            reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotLLKernel<1>),
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
+           reinterpret_cast<const void*>(TwoShotLLKernel<1, 1>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),
            reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(ProbeKernel)}) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
       return err;
     }
-  }
-  for (const OneShotVariantKernel& k : kOneShotVariantKernels) {
-    const cudaError_t err =
-        cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k.kernel));
-    if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) TwoShotRmsNormKernel(
 
   // Phase 0: my x rows of group j go to rank j.
   for (int step = 1; step < a.world; ++step) {
-    const int peer = (a.rank + step) % a.world;
+    const int peer = PeerAfter(a, step);
     for (int64_t base = lo; base < hi; base += rows_at_once) {
       const int64_t group_row = base + threadIdx.x / tpr;
       const int64_t row = peer * a.group_rows + group_row;
@@ -182,14 +182,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) TwoShotRmsNormKernel(
           [&](int i, const uint4 (&words)[RL::kWords]) {
             RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, words);
             for (int step = 1; step < a.world; ++step) {
-              RL::Store(phase1((a.rank + step) % a.world, a.rank) + group_row * residual_row_bytes,
+              RL::Store(phase1(PeerAfter(a, step), a.rank) + group_row * residual_row_bytes,
                         i, words);
             }
           },
           [&](int i, const float* y) {
             StoreOut<D>(a, scale, y, RowOf(a.out, row, out_row_bytes) + out_bytes * i);
             for (int step = 1; step < a.world; ++step) {
-              std::byte* theirs = phase1((a.rank + step) % a.world, a.rank) + a.out_offset +
+              std::byte* theirs = phase1(PeerAfter(a, step), a.rank) + a.out_offset +
                                   group_row * out_row_bytes + out_bytes * i;
               StoreOut<D>(a, scale, y, theirs);
             }
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) TwoShotRmsNormKernel(
   // Phase 1: every other group's outputs into mine.
   if (ok) {
     for (int step = 1; step < a.world; ++step) {
-      const int owner = (a.rank + step) % a.world;
+      const int owner = PeerAfter(a, step);
       const std::byte* src = phase1(a.rank, owner);
       for (int64_t base = lo; base < hi; base += rows_at_once) {
         const int64_t group_row = base + threadIdx.x / tpr;

@@ -42,11 +42,11 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 bool ToDtype(ffi::DataType t, Dtype& d);
 
 // The sum over the ranks of one array, with `kernel` (the protocol probe),
-// one-shot blocks of `one_shot_threads` (0: OneShotShape's choice) and a
-// one-shot variant (kernels.h).
+// one-shot blocks of `one_shot_threads` (0: OneShotShape's choice) and the
+// LL two-shot's reads (kernels.h).
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
                        ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads = 0,
-                       uint32_t one_shot_variant = kOneShotAsBuilt);
+                       LLReads reads = LLReads::kAsBuilt);
 
 // How often the all-reduce handler ran in this process: under CUDA graphs
 // it runs when XLA records a graph, not per call (benchmarks report it).

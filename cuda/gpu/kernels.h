@@ -12,21 +12,18 @@
 
 namespace jax_ar::gpu {
 
-// One-shot kernel variants the protocol probe measures against the kernel
-// as built (A/B of issue 23; bits combine): each undoes one difference from
-// c4c7ba6's one-shot kernel, faster at 4 and 8 ranks.
-inline constexpr uint32_t kOneShotAsBuilt = 0;
-inline constexpr uint32_t kOneShotSerialReads = 1;  // one peer's packets in flight at a time
-inline constexpr uint32_t kOneShotHeaderAtEnd = 2;  // headers awaited at the end, never polled
-inline constexpr uint32_t kOneShotLateInput = 4;    // input loaded after the launch number
-inline constexpr uint32_t kOneShotAllVariants = 7;
+// How many peers' packets an LL two-shot thread has in flight while it
+// waits: every peer's (as built) or one peer's at a time, as the one-shot
+// does since one at a time measured faster there at 2, 4 and 8 ranks. The
+// protocol probe's "twoshot_ll_one_peer" stage runs the second (issue 23's
+// A/B; docs/gpu.md).
+enum class LLReads { kAsBuilt, kOnePeer };
 
 // Launches one protocol instance on `stream` (a launch of one array passes
-// the small AllReduceArgs<1>); `threads` per block for the one-shot, and a
-// one-shot variant for launches of one array (the probe's).
+// the small AllReduceArgs<1>); `threads` per block for the one-shot, and
+// the LL two-shot's reads for launches of one array (the probe's).
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            int threads, cudaStream_t stream,
-                            uint32_t one_shot_variant = kOneShotAsBuilt);
+                            int threads, cudaStream_t stream, LLReads reads = LLReads::kAsBuilt);
 
 // Launches one fused all-reduce + residual + RMSNorm protocol instance;
 // `vectors_per_thread` (1..4) is how many 16-byte vectors of a row each

@@ -34,6 +34,15 @@ __device__ __forceinline__ PeerControl* ControlOf(std::byte* workspace) {
   return reinterpret_cast<PeerControl*>(workspace);
 }
 
+// The rank `step` places after this one (0 <= step < world): a peer loop
+// that starts with the next rank spreads the first stores over peers.
+// Without a modulo, whose integer division costs about 15 instructions on
+// every peer's turn of a latency-bound loop.
+__device__ __forceinline__ int PeerAfter(const ProtocolArgs& a, int step) {
+  const int peer = a.rank + step;
+  return peer < a.world ? peer : peer - a.world;
+}
+
 // Rank `owner`'s LL half (one-shot launches) and plain half (two-shot) for
 // launches of parity `parity`.
 __device__ __forceinline__ std::byte* LLHalf(const ProtocolArgs& a, int owner, int parity) {
@@ -90,10 +99,7 @@ __device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t laun
 // deadline as a timeout instead of naming the disagreement.
 class Waiter {
  public:
-  // poll_header false: this thread never looks at its header peer while it
-  // waits (the probe's kOneShotHeaderAtEnd variant).
-  __device__ Waiter(const ProtocolArgs& a, uint64_t launch, bool poll_header = true)
-      : a_(a), launch_(launch), header_seen_(!poll_header) {}
+  __device__ Waiter(const ProtocolArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
 
   // False when the thread must stop waiting for `peer` (the rank is aborted).
   __device__ __forceinline__ bool KeepWaiting(int peer) {
@@ -149,7 +155,7 @@ class Waiter {
 
   const ProtocolArgs& a_;
   uint64_t launch_;
-  bool header_seen_;
+  bool header_seen_ = false;
   uint64_t deadline_ = 0;
   uint32_t polls_ = 0;
 };
@@ -242,14 +248,14 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
 // once this one has finished. Each block also looks for a failure a peer told this rank
 // about: a launch whose data all arrived never polls long enough to see it
 // (a peer may time out after sending), and the next launches must know the
-// communicator broke.
+// communicator broke. Thread 0 reads it before the block's barrier, so that
+// the read's round trip overlaps the wait for the block's other threads.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
+  uint32_t told = 0;
+  if (threadIdx.x == 0) told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
   CheckAlone(a, ctx);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
-    if (told != 0) Abort(a, told, ctx.launch);
-  }
+  if (told != 0) Abort(a, told, ctx.launch);
   for (uint32_t c = blockIdx.x + threadIdx.x * gridDim.x; c < kMaxBlocks;
        c += blockDim.x * gridDim.x) {
     StoreVolatile64(&a.local->completed[c], ctx.launch);
@@ -283,7 +289,7 @@ __device__ __forceinline__ void SignalPeers(const ProtocolArgs& a, int phase, ui
   if (threadIdx.x == 0) {
     __threadfence_system();
     for (int i = 1; i < a.world; ++i) {
-      const int peer = (a.rank + i) % a.world;
+      const int peer = PeerAfter(a, i);
       StoreReleaseSys(&ControlOf(a.workspaces[peer])->flags[phase][a.rank][blockIdx.x], launch);
     }
   }

@@ -25,15 +25,16 @@ __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity
                                                uint64_t slot_bytes, uint64_t packet, uint4 data,
                                                uint32_t flag, uint64_t region = 0) {
   for (int step = 1; step < a.world; ++step) {
-    const int peer = (a.rank + step) % a.world;
+    const int peer = PeerAfter(a, step);
     WritePacketPair(PacketSlot(a, peer, parity, slot_bytes, a.rank, region) + packet, data, flag);
   }
 }
 
-// Ranks whose packets one round of reads has in flight at once: 8 in the
-// all-reduce kernels (every peer of an 8-GPU node in one round trip; about
-// 130 registers a thread), fewer where registers are short (the fused
-// kernel's blocks of up to 1024 threads).
+// Ranks whose packets one round of reads has in flight at once, by default:
+// every peer of an 8-GPU node in one round trip (the LL two-shot; about
+// 130 registers a thread). The one-shot reads one peer at a time (faster
+// there at every world size measured), the fused kernel two (its blocks of
+// up to 1024 threads are short of registers).
 inline constexpr int kRanksInFlight = 8;
 
 // The vectors of ranks [base, base + kSize) at one place of their slots, as

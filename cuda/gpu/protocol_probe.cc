@@ -38,17 +38,9 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 128);
     case ProbeStage::kOneShot256:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 256);
-    case ProbeStage::kOneShotSerialReads:
-    case ProbeStage::kOneShotHeaderAtEnd:
-    case ProbeStage::kOneShotLateInput:
-    case ProbeStage::kOneShotAllVariants: {
-      // In the order of kernels.h's variant bits.
-      constexpr uint32_t kVariants[] = {kOneShotSerialReads, kOneShotHeaderAtEnd,
-                                        kOneShotLateInput, kOneShotAllVariants};
-      const int index = stage - static_cast<int32_t>(ProbeStage::kOneShotSerialReads);
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         kVariants[index]);
-    }
+    case ProbeStage::kTwoShotLLOnePeer:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL, 0,
+                         LLReads::kOnePeer);
     default:
       break;
   }

@@ -23,13 +23,8 @@ enum class ProbeStage : int32_t {
   // The one-shot's block size forced (OneShotShape chooses it by size):
   kOneShot128 = 7,          // blocks of 128 threads at every size
   kOneShot256 = 8,          // blocks of 256 threads at every size
-  // One-shot variants (kernels.h kOneShotSerialReads ...), OneShotShape's
-  // block size:
-  kOneShotSerialReads = 9,   // one peer's packets in flight at a time
-  kOneShotHeaderAtEnd = 10,  // call headers awaited at the end, never polled
-  kOneShotLateInput = 11,    // input loaded after the launch number
-  kOneShotAllVariants = 12,  // the three together
-  kLastStage = kOneShotAllVariants,
+  kTwoShotLLOnePeer = 9,    // the LL two-shot reading one peer at a time (kernels.h LLReads)
+  kLastStage = kTwoShotLLOnePeer,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

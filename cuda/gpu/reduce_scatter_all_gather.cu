@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kChunkThreads)
 
   // My part of chunk j goes to rank j.
   for (int i = 1; i < a.world; ++i) {
-    const int peer = (a.rank + i) % a.world;  // spread the first stores over peers
+    const int peer = PeerAfter(a, i);  // spread the first stores over peers
     const std::byte* src = a.in + static_cast<uint64_t>(peer) * a.chunk_bytes + a.offset;
     std::byte* dst = ChunkSlot(a, peer, parity, a.rank);
     for (uint64_t v = range.begin + threadIdx.x; v < range.end; v += blockDim.x) {
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kChunkThreads)
   // My chunk goes to every peer, and into my own output meanwhile.
   const std::byte* src = a.in + a.offset;
   for (int i = 1; i < a.world; ++i) {
-    const int peer = (a.rank + i) % a.world;
+    const int peer = PeerAfter(a, i);
     std::byte* dst = ChunkSlot(a, peer, parity, a.rank);
     for (uint64_t v = range.begin + threadIdx.x; v < range.end; v += blockDim.x) {
       Store16(dst + 16 * v, LoadPart(src + 16 * v, ValidBytes(a, v)));
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kChunkThreads)
   }
   if (WaitForPeers(a, 0, waiter)) {
     for (int i = 1; i < a.world; ++i) {
-      const int owner = (a.rank + i) % a.world;
+      const int owner = PeerAfter(a, i);
       const std::byte* slot = ChunkSlot(a, a.rank, parity, owner);
       std::byte* dst = a.out + static_cast<uint64_t>(owner) * a.chunk_bytes + a.offset;
       for (uint64_t v = range.begin + threadIdx.x; v < range.end; v += blockDim.x) {

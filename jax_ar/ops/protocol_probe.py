@@ -7,10 +7,8 @@ nothing), "launch" (the launch protocol), "header" (the call-header
 exchange), "packet" (one LL packet pair to and from every peer); and the
 real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain",
 the one-shot with its block size forced ("oneshot_t128", "oneshot_t256"), and
-one-shot variants that each undo one difference from an older, faster
-kernel (cuda/gpu/kernels.h): "oneshot_serial" (one peer's packets in flight
-at a time), "oneshot_header_end" (call headers awaited at the end only),
-"oneshot_late_input" (input loaded after the launch number), "oneshot_all3".
+"twoshot_ll_one_peer", the LL two-shot reading one peer's packets at a time
+as the one-shot does (cuda/gpu/kernels.h LLReads).
 """
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ __all__ = ["KERNEL_STAGES", "STAGES", "protocol_probe"]
 # result buffer as it was.
 PROTOCOL_STAGES = ("empty", "launch", "header", "packet")
 KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
-                 "oneshot_serial", "oneshot_header_end", "oneshot_late_input", "oneshot_all3")
+                 "twoshot_ll_one_peer")
 STAGES = PROTOCOL_STAGES + KERNEL_STAGES
 
 
