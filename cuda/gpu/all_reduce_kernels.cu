@@ -12,7 +12,7 @@
 // two-shot, LL  The message is cut into `world` chunks; rank j reduces chunk
 //               j. Each thread owns vector v of every chunk: it sends vector
 //               v of chunk j to rank j, awaits vector v of its own chunk from
-//               every peer, reduces, sends the result to every peer and
+//               every peer (one peer at a time), reduces, sends the result to every peer and
 //               awaits their reduced vectors v. Half the bytes of one-shot
 //               per rank and no barrier either: what a latency-bound message
 //               over many ranks wants.
@@ -132,9 +132,13 @@ __device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint6
   return static_cast<uint64_t>(phase) * a.world * slot_bytes;
 }
 
-template <int kSegments, int kWidth = kRanksInFlight>
+template <int kSegments>
 __global__ void __launch_bounds__(kOneShotThreads, 2)
     TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
+  // One peer's packets at a time, as the one-shot: every peer's in flight
+  // measured 1.2-1.6x slower at 2, 4 and 8 ranks (16 KB and 256 KB,
+  // 2026-12-02, docs/gpu.md).
+  constexpr int kWidth = 1;
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
   Waiter waiter(a, ctx.launch);
@@ -318,7 +322,7 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
 }  // namespace
 
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            int threads, cudaStream_t stream, LLReads reads) {
+                            int threads, cudaStream_t stream) {
   if (args.num_segments == 1) {
     AllReduceArgs<1> one;
     static_cast<ProtocolArgs&>(one) = args;
@@ -329,10 +333,6 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
     one.op = args.op;
     one.num_segments = 1;
     one.segments[0] = args.segments[0];
-    if (kernel == AllReduceKernel::kTwoShotLL && reads == LLReads::kOnePeer) {
-      TwoShotLLKernel<1, 1><<<blocks, kOneShotThreads, 0, stream>>>(one);
-      return cudaGetLastError();
-    }
     return Launch(kernel, one, blocks, threads, stream);
   }
   return Launch(kernel, args, blocks, threads, stream);
@@ -357,7 +357,6 @@ cudaError_t LoadKernels() {
            reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotLLKernel<1>),
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
-           reinterpret_cast<const void*>(TwoShotLLKernel<1, 1>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),
            reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(ProbeKernel)}) {

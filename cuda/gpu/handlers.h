@@ -41,12 +41,10 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 // f16, s32); false for any other.
 bool ToDtype(ffi::DataType t, Dtype& d);
 
-// The sum over the ranks of one array, with `kernel` (the protocol probe),
-// one-shot blocks of `one_shot_threads` (0: OneShotShape's choice) and the
-// LL two-shot's reads (kernels.h).
+// The sum over the ranks of one array, with `kernel` (the protocol probe)
+// and one-shot blocks of `one_shot_threads` (0: OneShotShape's choice).
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads = 0,
-                       LLReads reads = LLReads::kAsBuilt);
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads = 0);
 
 // How often the all-reduce handler ran in this process: under CUDA graphs
 // it runs when XLA records a graph, not per call (benchmarks report it).

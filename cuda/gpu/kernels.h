@@ -12,18 +12,10 @@
 
 namespace jax_ar::gpu {
 
-// How many peers' packets an LL two-shot thread has in flight while it
-// waits: every peer's (as built) or one peer's at a time, as the one-shot
-// does since one at a time measured faster there at 2, 4 and 8 ranks. The
-// protocol probe's "twoshot_ll_one_peer" stage runs the second (issue 23's
-// A/B; docs/gpu.md).
-enum class LLReads { kAsBuilt, kOnePeer };
-
 // Launches one protocol instance on `stream` (a launch of one array passes
-// the small AllReduceArgs<1>); `threads` per block for the one-shot, and
-// the LL two-shot's reads for launches of one array (the probe's).
+// the small AllReduceArgs<1>); `threads` per block for the one-shot.
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            int threads, cudaStream_t stream, LLReads reads = LLReads::kAsBuilt);
+                            int threads, cudaStream_t stream);
 
 // Launches one fused all-reduce + residual + RMSNorm protocol instance;
 // `vectors_per_thread` (1..4) is how many 16-byte vectors of a row each

@@ -31,10 +31,10 @@ __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity
 }
 
 // Ranks whose packets one round of reads has in flight at once, by default:
-// every peer of an 8-GPU node in one round trip (the LL two-shot; about
-// 130 registers a thread). The one-shot reads one peer at a time (faster
-// there at every world size measured), the fused kernel two (its blocks of
-// up to 1024 threads are short of registers).
+// every peer of an 8-GPU node in one round trip (the protocol probe's
+// packet stage; about 130 registers a thread). The all-reduce kernels read
+// one peer at a time (faster at every world size measured, docs/gpu.md),
+// the fused kernel two.
 inline constexpr int kRanksInFlight = 8;
 
 // The vectors of ranks [base, base + kSize) at one place of their slots, as

@@ -38,9 +38,6 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 128);
     case ProbeStage::kOneShot256:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 256);
-    case ProbeStage::kTwoShotLLOnePeer:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL, 0,
-                         LLReads::kOnePeer);
     default:
       break;
   }

@@ -23,8 +23,7 @@ enum class ProbeStage : int32_t {
   // The one-shot's block size forced (OneShotShape chooses it by size):
   kOneShot128 = 7,          // blocks of 128 threads at every size
   kOneShot256 = 8,          // blocks of 256 threads at every size
-  kTwoShotLLOnePeer = 9,    // the LL two-shot reading one peer at a time (kernels.h LLReads)
-  kLastStage = kTwoShotLLOnePeer,
+  kLastStage = kOneShot256,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

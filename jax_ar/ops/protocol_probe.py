@@ -6,9 +6,7 @@ Stages, each the previous plus one piece: "empty" (a kernel that does
 nothing), "launch" (the launch protocol), "header" (the call-header
 exchange), "packet" (one LL packet pair to and from every peer); and the
 real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain",
-the one-shot with its block size forced ("oneshot_t128", "oneshot_t256"), and
-"twoshot_ll_one_peer", the LL two-shot reading one peer's packets at a time
-as the one-shot does (cuda/gpu/kernels.h LLReads).
+and the one-shot with its block size forced ("oneshot_t128", "oneshot_t256").
 """
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ __all__ = ["KERNEL_STAGES", "STAGES", "protocol_probe"]
 # return the sum of the operand over the ranks; the others return their
 # result buffer as it was.
 PROTOCOL_STAGES = ("empty", "launch", "header", "packet")
-KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
-                 "twoshot_ll_one_peer")
+KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256")
 STAGES = PROTOCOL_STAGES + KERNEL_STAGES
 
 
