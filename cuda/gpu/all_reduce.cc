@@ -121,7 +121,7 @@ int LLTwoShotBlocks(uint64_t chunk_bytes, int world) {
 
 ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector<Piece>& pieces,
                         uint64_t total, ReduceOp op, Algorithm algorithm, const KernelPlan& kernel,
-                        int one_shot_threads = 0) {
+                        int one_shot_threads = 0, OneShotPart part = OneShotPart::kAll) {
   if (kernel.capacity == 0) {
     return Internal("workspace too small for " + std::to_string(state.world) + " ranks");
   }
@@ -177,7 +177,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
       }
     }
     if (const cudaError_t err =
-            LaunchAllReduce(kernel.kernel, a, blocks, threads, stream);
+            LaunchAllReduce(kernel.kernel, a, blocks, threads, stream, part);
         err != cudaSuccess) {
       return LaunchFailed(state, kOperation, err);
     }
@@ -189,7 +189,8 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
 }  // namespace
 
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads) {
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads,
+                       OneShotPart part) {
   Piece p;
   if (!ToDtype(in.element_type(), p.dtype)) {
     return InvalidArgument(std::string("protocol_probe does not support dtype ") +
@@ -203,7 +204,7 @@ ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuff
   const Algorithm algorithm =
       kernel == AllReduceKernel::kOneShot ? Algorithm::kOneShot : Algorithm::kTwoShot;
   return RunAllReduce(stream, state, {p}, AlignUp(p.bytes), ReduceOp::kSum, algorithm,
-                      PlanKernel(state.layout(), state.world, kernel), one_shot_threads);
+                      PlanKernel(state.layout(), state.world, kernel), one_shot_threads, part);
 }
 
 namespace {

@@ -84,24 +84,42 @@ __device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const Launch
   return CheckHeader(a, waiter);
 }
 
-template <int kSegments>
+// The one-shot with pieces left out: the protocol probe's data-path ladder
+// (kernels.h OneShotPart), never a call's.
+template <int kSegments, OneShotPart kPart>
+__device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a, uint64_t v,
+                                              int& hint) {
+  if constexpr (kPart == OneShotPart::kPacketsOnly) {
+    return make_uint4(a.rank, static_cast<uint32_t>(v), 0, 0);
+  } else {
+    return LoadPacked(a, 16 * v, hint);
+  }
+}
+
+template <int kSegments, OneShotPart kPart = OneShotPart::kAll>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
+  constexpr bool kHeader = kPart == OneShotPart::kAll;
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   // The input does not depend on the launch number: its load is issued
   // before BeginLaunch's, so the two round trips overlap.
   int hint = 0;
-  const uint4 first_input = LoadPacked(a, 16 * first, hint);
+  const uint4 first_input = OneShotInput<kSegments, kPart>(a, first, hint);
   LaunchContext ctx;
-  if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
+  if constexpr (kHeader) {
+    if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
+  } else {
+    ctx = BeginLaunch(a);
+    if (!ctx.live) return;
+  }
   Waiter waiter(a, ctx.launch);
-  const int header_peer = HeaderPeerOfThread(a);
+  const int header_peer = kHeader ? HeaderPeerOfThread(a) : -1;
   // Every vector of this thread goes out before the first wait, so that a
   // thread with several vectors waits for one exchange, not one per vector.
   for (uint64_t v = first; v < vectors; v += stride) {
-    const uint4 input = v == first ? first_input : LoadPacked(a, 16 * v, hint);
+    const uint4 input = v == first ? first_input : OneShotInput<kSegments, kPart>(a, v, hint);
     SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, input, ctx.flag);
   }
   PacketRead header{};
@@ -111,14 +129,24 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     // From L2 (this launch read it): an output may alias its input, and
     // each thread reads a vector before it writes that vector's result.
-    const uint4 mine = v == first ? first_input : LoadPacked(a, 16 * v, hint);
-    VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
+    const uint4 mine = v == first ? first_input : OneShotInput<kSegments, kPart>(a, v, hint);
     // One peer's packets at a time: all of them in flight at once measured
     // 1.1-1.2x slower at 2 ranks, 1.3-1.6x at 4 and 1.5x at 8 (16 KB and 256 KB,
     // 2026-12-02, docs/gpu.md), and takes 220 registers a thread, not 94.
-    ok = TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                            [&](const RankBatch<1>& batch) { sum.Add(batch); });
-    if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
+    if constexpr (kPart == OneShotPart::kAll || kPart == OneShotPart::kNoHeader) {
+      VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
+      ok = TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                              [&](const RankBatch<1>& batch) { sum.Add(batch); });
+      if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
+    } else {
+      uint4 x{};  // the words xor-ed: no arithmetic, no element type
+      ok = TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                              [&](const RankBatch<1>& batch) {
+                                const uint4 d = batch.Data(0);
+                                x = make_uint4(x.x ^ d.x, x.y ^ d.y, x.z ^ d.z, x.w ^ d.w);
+                              });
+      if (kPart == OneShotPart::kNoReduce && ok) StorePacked(a, 16 * v, x, hint);
+    }
   }
   if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
   FinishLaunch(a, ctx);
@@ -321,8 +349,15 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
 
 }  // namespace
 
+template <OneShotPart kPart>
+cudaError_t LaunchOneShotPart(const AllReduceArgs<1>& args, int blocks, int threads,
+                              cudaStream_t stream) {
+  OneShotKernel<1, kPart><<<blocks, threads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            int threads, cudaStream_t stream) {
+                            int threads, cudaStream_t stream, OneShotPart part) {
   if (args.num_segments == 1) {
     AllReduceArgs<1> one;
     static_cast<ProtocolArgs&>(one) = args;
@@ -333,6 +368,14 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
     one.op = args.op;
     one.num_segments = 1;
     one.segments[0] = args.segments[0];
+    if (kernel == AllReduceKernel::kOneShot) {
+      switch (part) {
+        case OneShotPart::kAll: break;
+        case OneShotPart::kNoHeader: return LaunchOneShotPart<OneShotPart::kNoHeader>(one, blocks, threads, stream);
+        case OneShotPart::kNoReduce: return LaunchOneShotPart<OneShotPart::kNoReduce>(one, blocks, threads, stream);
+        case OneShotPart::kPacketsOnly: return LaunchOneShotPart<OneShotPart::kPacketsOnly>(one, blocks, threads, stream);
+      }
+    }
     return Launch(kernel, one, blocks, threads, stream);
   }
   return Launch(kernel, args, blocks, threads, stream);
@@ -359,6 +402,9 @@ cudaError_t LoadKernels() {
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),
            reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
+           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kNoHeader>),
+           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kNoReduce>),
+           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kPacketsOnly>),
            reinterpret_cast<const void*>(ProbeKernel)}) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
       return err;

@@ -41,10 +41,12 @@ TwoShotPlan PlanTwoShot(uint64_t bytes, int world, int threads);
 // f16, s32); false for any other.
 bool ToDtype(ffi::DataType t, Dtype& d);
 
-// The sum over the ranks of one array, with `kernel` (the protocol probe)
-// and one-shot blocks of `one_shot_threads` (0: OneShotShape's choice).
+// The sum over the ranks of one array, with `kernel` (the protocol probe),
+// one-shot blocks of `one_shot_threads` (0: OneShotShape's choice) and the
+// part of the one-shot that runs (kernels.h).
 ffi::Error SumOneArray(cudaStream_t stream, RankState& state, const ffi::AnyBuffer& in,
-                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads = 0);
+                       ffi::AnyBuffer& out, AllReduceKernel kernel, int one_shot_threads = 0,
+                       OneShotPart part = OneShotPart::kAll);
 
 // How often the all-reduce handler ran in this process: under CUDA graphs
 // it runs when XLA records a graph, not per call (benchmarks report it).

@@ -12,10 +12,18 @@
 
 namespace jax_ar::gpu {
 
+// What a one-shot launch does: all of it (every call), or, for the protocol
+// probe's data-path ladder (protocol_probe.h), less: no call header; no
+// header and the words xor-ed instead of summed (input loads and output
+// stores kept); no header, no loads, no stores, only the packets' exchange.
+enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly };
+
 // Launches one protocol instance on `stream` (a launch of one array passes
-// the small AllReduceArgs<1>); `threads` per block for the one-shot.
+// the small AllReduceArgs<1>); `threads` per block for the one-shot, and the
+// one-shot's part for launches of one array (the probe's).
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
-                            int threads, cudaStream_t stream);
+                            int threads, cudaStream_t stream,
+                            OneShotPart part = OneShotPart::kAll);
 
 // Launches one fused all-reduce + residual + RMSNorm protocol instance;
 // `vectors_per_thread` (1..4) is how many 16-byte vectors of a row each

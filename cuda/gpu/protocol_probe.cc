@@ -38,6 +38,15 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 128);
     case ProbeStage::kOneShot256:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 256);
+    case ProbeStage::kOneShotNoHeader:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         OneShotPart::kNoHeader);
+    case ProbeStage::kOneShotNoReduce:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         OneShotPart::kNoReduce);
+    case ProbeStage::kOneShotPackets:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         OneShotPart::kPacketsOnly);
     default:
       break;
   }

@@ -23,7 +23,11 @@ enum class ProbeStage : int32_t {
   // The one-shot's block size forced (OneShotShape chooses it by size):
   kOneShot128 = 7,          // blocks of 128 threads at every size
   kOneShot256 = 8,          // blocks of 256 threads at every size
-  kLastStage = kOneShot256,
+  // The one-shot's data-path ladder (kernels.h OneShotPart), its block size:
+  kOneShotNoHeader = 9,     // without the call header
+  kOneShotNoReduce = 10,    // and the words xor-ed, not summed
+  kOneShotPackets = 11,     // and no input loads or output stores
+  kLastStage = kOneShotPackets,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

@@ -6,7 +6,11 @@ Stages, each the previous plus one piece: "empty" (a kernel that does
 nothing), "launch" (the launch protocol), "header" (the call-header
 exchange), "packet" (one LL packet pair to and from every peer); and the
 real kernels on the whole operand: "oneshot", "twoshot_ll", "twoshot_plain",
-and the one-shot with its block size forced ("oneshot_t128", "oneshot_t256").
+the one-shot with its block size forced ("oneshot_t128", "oneshot_t256") and
+without its call header ("oneshot_no_header"); and the one-shot's data path
+with pieces left out (no header in either): "oneshot_no_reduce" (the words
+xor-ed instead of summed; a result that is not a sum) and "oneshot_packets"
+(the packets' exchange alone: no input loads, no output stores).
 """
 from __future__ import annotations
 
@@ -19,11 +23,13 @@ from .plan import not_serving
 __all__ = ["KERNEL_STAGES", "STAGES", "protocol_probe"]
 
 # In the order of cuda/gpu/protocol_probe.h's ProbeStage. The kernel stages
-# return the sum of the operand over the ranks; the others return their
-# result buffer as it was.
+# return the sum of the operand over the ranks; "oneshot_no_reduce" its
+# words xor-ed over the ranks; the others their result buffer as it was.
 PROTOCOL_STAGES = ("empty", "launch", "header", "packet")
-KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256")
-STAGES = PROTOCOL_STAGES + KERNEL_STAGES
+KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
+                 "oneshot_no_header")
+DATA_PATH_STAGES = ("oneshot_no_reduce", "oneshot_packets")
+STAGES = PROTOCOL_STAGES + KERNEL_STAGES + DATA_PATH_STAGES
 
 
 def _ffi_attributes(*, comm_id, stage, **_):
