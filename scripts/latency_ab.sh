@@ -17,6 +17,10 @@
 #   "own VARIANT DIR ARGS"              DIR's own benchmarks/per_call_overhead.py
 #                                       (an older tree's method: one launch per
 #                                       sample), its "per call" lines in the log
+#   "bench VARIANT DIR ARGS"            python -m jax_ar bench --platform gpu ARGS
+#                                       with the jax_ar of DIR (its own -N ranks:
+#                                       --op rms_norm for the fused kernel), its
+#                                       table in the log as "bench (VARIANT): ..."
 #   "run CMD..."                        any command under the same MPS daemon
 #                                       (python -m jax_ar bench --op rms_norm, a
 #                                       test worker), with this tree's jax_ar
@@ -90,6 +94,14 @@ own() {  # own VARIANT DIR ARGS...
   launch_each "$variant (own benchmark)" "$dir" benchmarks/per_call_overhead.py "$@"
 }
 
+bench() {  # bench VARIANT DIR ARGS...
+  local variant="$1" dir; dir="$(realpath "$2")"; shift 2
+  echo "===== bench $variant ($(date -u +%H:%M:%S)): $*" >> "$LOG"
+  (cd "$dir" && PYTHONPATH="$dir" timeout 300 "$PYTHON" -m jax_ar bench --platform gpu "$@") 2>&1 \
+    | sed "s/^/bench ($variant): /" >> "$LOG" \
+    || echo "FAILED: bench $variant" | tee -a "$LOG"
+}
+
 run() {  # run CMD...
   echo "===== run ($(date -u +%H:%M:%S)): $*" >> "$LOG"
   PYTHONPATH="$here" JAX_AR_TEST_PLATFORM=gpu timeout 300 "$@" >> "$LOG" 2>&1 \
@@ -100,4 +112,4 @@ for job in "$@"; do
   read -r -a words <<< "$job"
   "${words[@]}"
 done
-grep -h "^per call (\|^ll_floor\|FAILED" "$LOG"
+grep -h "^per call (\|^ll_floor\|^bench (\|FAILED" "$LOG"
