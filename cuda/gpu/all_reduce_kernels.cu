@@ -99,7 +99,9 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 template <int kSegments, OneShotPart kPart = OneShotPart::kAll>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  constexpr bool kHeader = kPart == OneShotPart::kAll;
+  constexpr bool kHeader =
+      kPart == OneShotPart::kAll || kPart == OneShotPart::kToldEarly;
+  constexpr bool kSum = kHeader || kPart == OneShotPart::kNoHeader;
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
@@ -114,6 +116,8 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     ctx = BeginLaunch(a);
     if (!ctx.live) return;
   }
+  uint32_t told = 0;
+  if constexpr (kPart == OneShotPart::kToldEarly) told = ReadToldAbort(a);
   Waiter waiter(a, ctx.launch);
   const int header_peer = kHeader ? HeaderPeerOfThread(a) : -1;
   // Every vector of this thread goes out before the first wait, so that a
@@ -133,7 +137,7 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     // One peer's packets at a time: all of them in flight at once measured
     // 1.1-1.2x slower at 2 ranks, 1.3-1.6x at 4 and 1.5x at 8 (16 KB and 256 KB,
     // 2026-12-02, docs/gpu.md), and takes 220 registers a thread, not 94.
-    if constexpr (kPart == OneShotPart::kAll || kPart == OneShotPart::kNoHeader) {
+    if constexpr (kSum) {
       VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
       ok = TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
                               [&](const RankBatch<1>& batch) { sum.Add(batch); });
@@ -149,7 +153,11 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     }
   }
   if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
-  FinishLaunch(a, ctx);
+  if constexpr (kPart == OneShotPart::kToldEarly) {
+    FinishLaunchTold(a, ctx, told);
+  } else {
+    FinishLaunch(a, ctx);
+  }
 }
 
 // LL two-shot regions of rank `owner`'s LL half: phase 0 (senders' parts of
@@ -374,6 +382,7 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
         case OneShotPart::kNoHeader: return LaunchOneShotPart<OneShotPart::kNoHeader>(one, blocks, threads, stream);
         case OneShotPart::kNoReduce: return LaunchOneShotPart<OneShotPart::kNoReduce>(one, blocks, threads, stream);
         case OneShotPart::kPacketsOnly: return LaunchOneShotPart<OneShotPart::kPacketsOnly>(one, blocks, threads, stream);
+        case OneShotPart::kToldEarly: return LaunchOneShotPart<OneShotPart::kToldEarly>(one, blocks, threads, stream);
       }
     }
     return Launch(kernel, one, blocks, threads, stream);
@@ -405,6 +414,7 @@ cudaError_t LoadKernels() {
            reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kNoHeader>),
            reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kNoReduce>),
            reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kPacketsOnly>),
+           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kToldEarly>),
            reinterpret_cast<const void*>(ProbeKernel)}) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
       return err;

@@ -16,7 +16,11 @@ namespace jax_ar::gpu {
 // probe's data-path ladder (protocol_probe.h), less: no call header; no
 // header and the words xor-ed instead of summed (input loads and output
 // stores kept); no header, no loads, no stores, only the packets' exchange.
-enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly };
+// And all of it with the told-abort word (FinishLaunch) read right after
+// the launch number instead of after the data, so that its round trip
+// overlaps the wait (an A/B: a told failure would then reach the record one
+// launch later).
+enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly, kToldEarly };
 
 // Launches one protocol instance on `stream` (a launch of one array passes
 // the small AllReduceArgs<1>); `threads` per block for the one-shot, and the

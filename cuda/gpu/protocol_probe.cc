@@ -47,6 +47,9 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
     case ProbeStage::kOneShotPackets:
       return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
                          OneShotPart::kPacketsOnly);
+    case ProbeStage::kOneShotToldEarly:
+      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
+                         OneShotPart::kToldEarly);
     default:
       break;
   }

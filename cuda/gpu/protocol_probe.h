@@ -27,7 +27,8 @@ enum class ProbeStage : int32_t {
   kOneShotNoHeader = 9,     // without the call header
   kOneShotNoReduce = 10,    // and the words xor-ed, not summed
   kOneShotPackets = 11,     // and no input loads or output stores
-  kLastStage = kOneShotPackets,
+  kOneShotToldEarly = 12,   // the one-shot reading the told-abort word before the data wait
+  kLastStage = kOneShotToldEarly,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

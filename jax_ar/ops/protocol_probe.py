@@ -10,7 +10,9 @@ the one-shot with its block size forced ("oneshot_t128", "oneshot_t256") and
 without its call header ("oneshot_no_header"); and the one-shot's data path
 with pieces left out (no header in either): "oneshot_no_reduce" (the words
 xor-ed instead of summed; a result that is not a sum) and "oneshot_packets"
-(the packets' exchange alone: no input loads, no output stores).
+(the packets' exchange alone: no input loads, no output stores); and
+"oneshot_told_early", the one-shot reading the told-abort word before the
+data wait instead of after it.
 """
 from __future__ import annotations
 
@@ -22,14 +24,15 @@ from .plan import not_serving
 
 __all__ = ["KERNEL_STAGES", "STAGES", "protocol_probe"]
 
-# In the order of cuda/gpu/protocol_probe.h's ProbeStage. The kernel stages
-# return the sum of the operand over the ranks; "oneshot_no_reduce" its
-# words xor-ed over the ranks; the others their result buffer as it was.
-PROTOCOL_STAGES = ("empty", "launch", "header", "packet")
+# In the order of cuda/gpu/protocol_probe.h's ProbeStage.
+STAGES = ("empty", "launch", "header", "packet",
+          "oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
+          "oneshot_no_header", "oneshot_no_reduce", "oneshot_packets", "oneshot_told_early")
+# The stages whose result is the operand's sum over the ranks;
+# "oneshot_no_reduce" returns its words xor-ed over the ranks, the others
+# their result buffer as it was.
 KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
-                 "oneshot_no_header")
-DATA_PATH_STAGES = ("oneshot_no_reduce", "oneshot_packets")
-STAGES = PROTOCOL_STAGES + KERNEL_STAGES + DATA_PATH_STAGES
+                 "oneshot_no_header", "oneshot_told_early")
 
 
 def _ffi_attributes(*, comm_id, stage, **_):
