@@ -12,6 +12,26 @@
 namespace jax_ar::gpu {
 namespace {
 
+// The stages that run an all-reduce kernel on the operand: which kernel,
+// one-shot blocks (0: OneShotShape's choice) and what part of the one-shot.
+struct KernelStage {
+  ProbeStage stage;
+  AllReduceKernel kernel;
+  int threads;
+  OneShotPart part;
+};
+constexpr KernelStage kKernelStages[] = {
+    {ProbeStage::kOneShot, AllReduceKernel::kOneShot, 0, OneShotPart::kAll},
+    {ProbeStage::kTwoShotLL, AllReduceKernel::kTwoShotLL, 0, OneShotPart::kAll},
+    {ProbeStage::kTwoShotPlain, AllReduceKernel::kTwoShotPlain, 0, OneShotPart::kAll},
+    {ProbeStage::kOneShot128, AllReduceKernel::kOneShot, 128, OneShotPart::kAll},
+    {ProbeStage::kOneShot256, AllReduceKernel::kOneShot, 256, OneShotPart::kAll},
+    {ProbeStage::kOneShotNoHeader, AllReduceKernel::kOneShot, 0, OneShotPart::kNoHeader},
+    {ProbeStage::kOneShotNoReduce, AllReduceKernel::kOneShot, 0, OneShotPart::kNoReduce},
+    {ProbeStage::kOneShotPackets, AllReduceKernel::kOneShot, 0, OneShotPart::kPacketsOnly},
+    {ProbeStage::kOneShotToldEarly, AllReduceKernel::kOneShot, 0, OneShotPart::kToldEarly},
+};
+
 ffi::Error ProtocolProbeHandler(cudaStream_t stream,
                                 int32_t device_ordinal,            // XLA's ordinal of this GPU
                                 ffi::AnyBuffer in,                 // any array
@@ -27,31 +47,8 @@ ffi::Error ProtocolProbeHandler(cudaStream_t stream,
                                    Operation::kAllReduce, error);
   if (state == nullptr) return error;
   const auto which = static_cast<ProbeStage>(stage);
-  switch (which) {
-    case ProbeStage::kOneShot:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot);
-    case ProbeStage::kTwoShotLL:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotLL);
-    case ProbeStage::kTwoShotPlain:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kTwoShotPlain);
-    case ProbeStage::kOneShot128:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 128);
-    case ProbeStage::kOneShot256:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 256);
-    case ProbeStage::kOneShotNoHeader:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         OneShotPart::kNoHeader);
-    case ProbeStage::kOneShotNoReduce:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         OneShotPart::kNoReduce);
-    case ProbeStage::kOneShotPackets:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         OneShotPart::kPacketsOnly);
-    case ProbeStage::kOneShotToldEarly:
-      return SumOneArray(stream, *state, in, *out, AllReduceKernel::kOneShot, 0,
-                         OneShotPart::kToldEarly);
-    default:
-      break;
+  for (const KernelStage& k : kKernelStages) {
+    if (k.stage == which) return SumOneArray(stream, *state, in, *out, k.kernel, k.threads, k.part);
   }
   ProtocolArgs a{};
   FillProtocolArgs(*state, Operation::kAllReduce, a);
