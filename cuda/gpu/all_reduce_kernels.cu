@@ -99,9 +99,10 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 template <int kSegments, OneShotPart kPart = OneShotPart::kAll>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  constexpr bool kHeader =
-      kPart == OneShotPart::kAll || kPart == OneShotPart::kToldEarly;
+  constexpr bool kHeader = kPart == OneShotPart::kAll || kPart == OneShotPart::kToldEarly ||
+                           kPart == OneShotPart::kFirstPassAll;
   constexpr bool kSum = kHeader || kPart == OneShotPart::kNoHeader;
+  constexpr int kWidth = kPart == OneShotPart::kFirstPassAll ? kRanksInFlight : 1;
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
@@ -139,8 +140,8 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     // 2026-12-02, docs/gpu.md), and takes 220 registers a thread, not 94.
     if constexpr (kSum) {
       VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
-      ok = TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                              [&](const RankBatch<1>& batch) { sum.Add(batch); });
+      ok = TakeInRankOrder<kWidth, false>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                                          [&](const RankBatch<kWidth>& batch) { sum.Add(batch); });
       if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
     } else {
       uint4 x{};  // the words xor-ed: no arithmetic, no element type
@@ -383,6 +384,7 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
         case OneShotPart::kNoReduce: return LaunchOneShotPart<OneShotPart::kNoReduce>(one, blocks, threads, stream);
         case OneShotPart::kPacketsOnly: return LaunchOneShotPart<OneShotPart::kPacketsOnly>(one, blocks, threads, stream);
         case OneShotPart::kToldEarly: return LaunchOneShotPart<OneShotPart::kToldEarly>(one, blocks, threads, stream);
+        case OneShotPart::kFirstPassAll: return LaunchOneShotPart<OneShotPart::kFirstPassAll>(one, blocks, threads, stream);
       }
     }
     return Launch(kernel, one, blocks, threads, stream);
@@ -415,6 +417,7 @@ cudaError_t LoadKernels() {
            reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kNoReduce>),
            reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kPacketsOnly>),
            reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kToldEarly>),
+           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kFirstPassAll>),
            reinterpret_cast<const void*>(ProbeKernel)}) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
       return err;

@@ -30,6 +30,7 @@ constexpr KernelStage kKernelStages[] = {
     {ProbeStage::kOneShotNoReduce, AllReduceKernel::kOneShot, 0, OneShotPart::kNoReduce},
     {ProbeStage::kOneShotPackets, AllReduceKernel::kOneShot, 0, OneShotPart::kPacketsOnly},
     {ProbeStage::kOneShotToldEarly, AllReduceKernel::kOneShot, 0, OneShotPart::kToldEarly},
+    {ProbeStage::kOneShotFirstPassAll, AllReduceKernel::kOneShot, 0, OneShotPart::kFirstPassAll},
 };
 
 ffi::Error ProtocolProbeHandler(cudaStream_t stream,

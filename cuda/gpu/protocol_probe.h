@@ -28,7 +28,8 @@ enum class ProbeStage : int32_t {
   kOneShotNoReduce = 10,    // and the words xor-ed, not summed
   kOneShotPackets = 11,     // and no input loads or output stores
   kOneShotToldEarly = 12,   // the one-shot reading the told-abort word before the data wait
-  kLastStage = kOneShotToldEarly,
+  kOneShotFirstPassAll = 13,  // the one-shot reading every peer once, then each missing one
+  kLastStage = kOneShotFirstPassAll,
 };
 
 // Launches stage kEmpty .. kPacket (one block).
