@@ -12,8 +12,8 @@
 // two-shot, LL  The message is cut into `world` chunks; rank j reduces chunk
 //               j. Each thread owns vector v of every chunk: it sends vector
 //               v of chunk j to rank j, awaits vector v of its own chunk from
-//               every peer (one peer at a time), reduces, sends the result to every peer and
-//               awaits their reduced vectors v. Half the bytes of one-shot
+//               every peer (one peer at a time), reduces, sends the result
+//               to every peer and awaits their reduced vectors v. Half the bytes of one-shot
 //               per rank and no barrier either: what a latency-bound message
 //               over many ranks wants.
 // two-shot,     The same cut with plain 16-byte stores; each block then
@@ -339,6 +339,32 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
   result->status = kProbeOk;
 }
 
+// The protocol probe's one-shots that leave a piece out or change one
+// (kernels.h OneShotPart; one array a launch only): launched and loaded
+// from this one list.
+struct OneShotPartKernel {
+  OneShotPart part;
+  void (*kernel)(AllReduceArgs<1>);
+};
+constexpr OneShotPartKernel kOneShotPartKernels[] = {
+    {OneShotPart::kNoHeader, OneShotKernel<1, OneShotPart::kNoHeader>},
+    {OneShotPart::kNoReduce, OneShotKernel<1, OneShotPart::kNoReduce>},
+    {OneShotPart::kPacketsOnly, OneShotKernel<1, OneShotPart::kPacketsOnly>},
+    {OneShotPart::kToldEarly, OneShotKernel<1, OneShotPart::kToldEarly>},
+    {OneShotPart::kFirstPassAll, OneShotKernel<1, OneShotPart::kFirstPassAll>},
+};
+
+cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, int blocks,
+                              int threads, cudaStream_t stream) {
+  for (const OneShotPartKernel& k : kOneShotPartKernels) {
+    if (k.part != part) continue;
+    void* params[] = {const_cast<AllReduceArgs<1>*>(&args)};
+    return cudaLaunchKernel(reinterpret_cast<const void*>(k.kernel), dim3(blocks), dim3(threads),
+                            params, 0, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <int kSegments>
 cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
                    int threads, cudaStream_t stream) {
@@ -358,13 +384,6 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
 
 }  // namespace
 
-template <OneShotPart kPart>
-cudaError_t LaunchOneShotPart(const AllReduceArgs<1>& args, int blocks, int threads,
-                              cudaStream_t stream) {
-  OneShotKernel<1, kPart><<<blocks, threads, 0, stream>>>(args);
-  return cudaGetLastError();
-}
-
 cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int blocks,
                             int threads, cudaStream_t stream, OneShotPart part) {
   if (args.num_segments == 1) {
@@ -377,15 +396,8 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
     one.op = args.op;
     one.num_segments = 1;
     one.segments[0] = args.segments[0];
-    if (kernel == AllReduceKernel::kOneShot) {
-      switch (part) {
-        case OneShotPart::kAll: break;
-        case OneShotPart::kNoHeader: return LaunchOneShotPart<OneShotPart::kNoHeader>(one, blocks, threads, stream);
-        case OneShotPart::kNoReduce: return LaunchOneShotPart<OneShotPart::kNoReduce>(one, blocks, threads, stream);
-        case OneShotPart::kPacketsOnly: return LaunchOneShotPart<OneShotPart::kPacketsOnly>(one, blocks, threads, stream);
-        case OneShotPart::kToldEarly: return LaunchOneShotPart<OneShotPart::kToldEarly>(one, blocks, threads, stream);
-        case OneShotPart::kFirstPassAll: return LaunchOneShotPart<OneShotPart::kFirstPassAll>(one, blocks, threads, stream);
-      }
+    if (kernel == AllReduceKernel::kOneShot && part != OneShotPart::kAll) {
+      return LaunchOneShotPart(part, one, blocks, threads, stream);
     }
     return Launch(kernel, one, blocks, threads, stream);
   }
@@ -413,15 +425,15 @@ cudaError_t LoadKernels() {
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),
            reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
-           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kNoHeader>),
-           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kNoReduce>),
-           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kPacketsOnly>),
-           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kToldEarly>),
-           reinterpret_cast<const void*>(OneShotKernel<1, OneShotPart::kFirstPassAll>),
            reinterpret_cast<const void*>(ProbeKernel)}) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
       return err;
     }
+  }
+  for (const OneShotPartKernel& k : kOneShotPartKernels) {
+    const cudaError_t err =
+        cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k.kernel));
+    if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

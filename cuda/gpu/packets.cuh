@@ -81,10 +81,10 @@ __device__ __forceinline__ void ReadPending(PairOf&& pair_of, uint32_t flag, uin
 // flooded the memory system while 8 ranks waited, 182 us instead of 60 at
 // 256 KB), and once it is in, the peers still missing are read again
 // together (unless kRereadTogether is false: then each is awaited alone in
-// turn, the protocol probe's oneshot_first_pass_all). Every index into the batch is a compile-time constant (the rank
-// awaited alone is matched by predicated moves), so it stays in registers,
-// and the one spin loop is written once. False if a wait was given up (the
-// rank is then aborted).
+// turn, the protocol probe's oneshot_first_pass_all). Every index into the
+// batch is a compile-time constant (the rank awaited alone is matched by
+// predicated moves), so it stays in registers, and the one spin loop is
+// written once. False if a wait was given up (the rank is then aborted).
 template <int kWidth, bool kRereadTogether = true>
 __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacket* half,
                                             uint64_t slot_bytes, uint64_t packet, uint32_t flag,
