@@ -21,6 +21,10 @@ ranks' host-side starts, which several launches in a row amortize.
 
   all_reduce  f = jax_ar.all_reduce(., "tp", op="avg", algorithm=A), bfloat16
               (--ops avg,sum adds the same with op="sum": "all_reduce A sum")
+  all_reduce_rms_norm A
+              f = jax_ar.all_reduce_rms_norm(., ones, ones, "tp", algorithm=A)[0]
+              over rows of --norm-hidden elements (--norm-algorithms oneshot,auto:
+              the fused one-shot kernel beside the all-reduce of the same bytes)
   copy        f = optimization_barrier(-.): one read + one write kernel of the
               same bytes (the barrier keeps XLA from fusing or folding)
   stages      f = one launch of a piece of the protocol (jax_ar.tools.breakdown):
@@ -80,11 +84,31 @@ def tree_commit() -> str:
         return "?"
 
 
-def expected_result(name, data, n):
+NORM_EPS = 1e-6
+
+
+def norm_step(algorithm, hidden):
+    """One all_reduce_rms_norm call on a rank's shard seen as rows of
+    `hidden` elements, residual and gamma all ones."""
+    def step(y):
+        x = y.reshape(-1, hidden)
+        ones = jnp.ones_like(x)
+        out, _ = jax_ar.all_reduce_rms_norm(x, ones, jnp.ones((hidden,), x.dtype), "tp",
+                                            eps=NORM_EPS, algorithm=algorithm)
+        return out.reshape(y.shape)
+    return step
+
+
+def expected_result(name, data, n, hidden=1):
     """What one call of case `name` returns for the global input `data` (n
-    shards, one a rank), in float64; None where it is not a sum."""
+    shards, one a rank), in float64 (norm rows of `hidden`); None where it
+    is not a sum."""
     shards = data.astype(np.float64).reshape(n, -1)
     kind, what = (name.split() + [""])[:2]
+    if kind == "all_reduce_rms_norm":
+        rows = shards.sum(0).reshape(-1, hidden) + 1.0  # the residual: ones
+        normed = rows / np.sqrt((rows ** 2).mean(-1, keepdims=True) + NORM_EPS)
+        return np.tile(normed.reshape(-1), n)
     if kind == "all_reduce":
         total = shards.sum(0) if name.endswith(" sum") else shards.mean(0)
     elif kind == "stage" and what in KERNEL_STAGES:
@@ -94,15 +118,16 @@ def expected_result(name, data, n):
     return np.tile(total, n)
 
 
-def check_result(step_program, x, want):
+def check_result(step_program, x, want, rtol=0.0):
     """'ok' or 'wrong' for this process's shards of one call's result
     against `want`, 'unchecked' when want is None. The inputs are small
-    integers: their sums and averages over 2-8 ranks are exact in bfloat16."""
+    integers: their sums and averages over 2-8 ranks are exact in bfloat16;
+    a norm is checked to `rtol` (its one bfloat16 rounding)."""
     if want is None:
         return "unchecked"
     out = step_program(x)
-    same = all(np.array_equal(np.asarray(s.data, dtype=np.float64), want[s.index])
-               for s in out.addressable_shards)
+    same = all(np.allclose(np.asarray(s.data, dtype=np.float64), want[s.index], rtol=rtol,
+                           atol=0.0) for s in out.addressable_shards)
     return "ok" if same else "wrong"
 
 
@@ -138,6 +163,12 @@ def main():
                         help="sizes at which the copy baseline runs (default: every --bytes size)")
     parser.add_argument("--ops", default="avg",
                         help="comma-separated all_reduce ops: avg (default), sum")
+    parser.add_argument("--norm-algorithms", default="",
+                        help="comma-separated all_reduce_rms_norm algorithms (oneshot, twoshot: "
+                             "the fused kernel; auto) timed at every --bytes size that is whole "
+                             "rows; none by default")
+    parser.add_argument("--norm-hidden", type=int, default=4096,
+                        help="row length of the all_reduce_rms_norm cases (default 4096)")
     parser.add_argument("--variant", default="main", help="name of this tree or setting in the JSON")
     parser.add_argument("--json", default=None, help="also append the JSON lines to this file")
     parser.add_argument("--dump-hlo", default=None,
@@ -156,6 +187,7 @@ def main():
         sweep.parse_size(s) for s in args.copy_bytes.split(",") if s]
     algorithms = [a for a in args.algorithms.split(",") if a]
     ops = [o for o in args.ops.split(",") if o]
+    norm_algorithms = [a for a in args.norm_algorithms.split(",") if a]
     stages = list(STAGES) if args.stages == "all" else [s for s in args.stages.split(",") if s]
     me = jax.process_index()
     # Invariant results feed the next call, so the vma checks are off; avg
@@ -170,6 +202,9 @@ def main():
                 cases.append((f"all_reduce {algorithm}{suffix}", nbytes,
                               lambda y, a=algorithm, o=op: jax_ar.all_reduce(y, "tp", op=o,
                                                                              algorithm=a)))
+        for algorithm in norm_algorithms if nbytes % (2 * args.norm_hidden) == 0 else ():
+            cases.append((f"all_reduce_rms_norm {algorithm}", nbytes,
+                          norm_step(algorithm, args.norm_hidden)))
         for stage in stages if nbytes in stage_sizes else ():
             cases.append((f"stage {stage}", nbytes, lambda y, s=stage: protocol_probe(y, "tp", s)))
         if nbytes in copy_sizes:
@@ -184,7 +219,9 @@ def main():
         data = np.random.default_rng(0).integers(-4, 5, (n * elements,)).astype(jnp.bfloat16)
         x = jax.make_array_from_callback(data.shape, jax.sharding.NamedSharding(mesh, P("tp")),
                                          lambda idx: data[idx])
-        result = check_result(wrap(step), x, expected_result(name, data, n))
+        norm = name.startswith("all_reduce_rms_norm")
+        result = check_result(wrap(step), x, expected_result(name, data, n, args.norm_hidden),
+                              rtol=2.0 ** -7 if norm else 0.0)
         program = wrap(chain(step, args.calls))
         if args.dump_hlo and me == 0:
             os.makedirs(args.dump_hlo, exist_ok=True)

@@ -84,6 +84,15 @@ __device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const Launch
   return CheckHeader(a, waiter);
 }
 
+// The protocol probe's stand-in for a reduction: the words xor-ed.
+struct XorAccumulator {
+  uint4 words{};
+  __device__ __forceinline__ void Add(const RankBatch<1>& batch) {
+    const uint4 d = batch.Data(0);
+    words = make_uint4(words.x ^ d.x, words.y ^ d.y, words.z ^ d.z, words.w ^ d.w);
+  }
+};
+
 // The one-shot with pieces left out: the protocol probe's data-path ladder
 // (kernels.h OneShotPart), never a call's.
 template <int kSegments, OneShotPart kPart>
@@ -99,10 +108,8 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 template <int kSegments, OneShotPart kPart = OneShotPart::kAll>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  constexpr bool kHeader = kPart == OneShotPart::kAll || kPart == OneShotPart::kToldEarly ||
-                           kPart == OneShotPart::kFirstPassAll;
+  constexpr bool kHeader = kPart == OneShotPart::kAll || kPart == OneShotPart::kTyped;
   constexpr bool kSum = kHeader || kPart == OneShotPart::kNoHeader;
-  constexpr int kWidth = kPart == OneShotPart::kFirstPassAll ? kRanksInFlight : 1;
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
@@ -117,8 +124,6 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     ctx = BeginLaunch(a);
     if (!ctx.live) return;
   }
-  uint32_t told = 0;
-  if constexpr (kPart == OneShotPart::kToldEarly) told = ReadToldAbort(a);
   Waiter waiter(a, ctx.launch);
   const int header_peer = kHeader ? HeaderPeerOfThread(a) : -1;
   // Every vector of this thread goes out before the first wait, so that a
@@ -138,27 +143,27 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     // One peer's packets at a time: all of them in flight at once measured
     // 1.1-1.2x slower at 2 ranks, 1.3-1.6x at 4 and 1.5x at 8 (16 KB and 256 KB,
     // 2026-12-02, docs/gpu.md), and takes 220 registers a thread, not 94.
-    if constexpr (kSum) {
+    const auto take = [&](auto& sum) {
+      return TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+                                [&](const RankBatch<1>& batch) { sum.Add(batch); });
+    };
+    if constexpr (kPart == OneShotPart::kTyped) {
+      DispatchAccumulator(DtypeAt(a, 16 * v, hint), a.op, [&](auto typed) {
+        ok = take(typed);
+        if (ok) StorePacked(a, 16 * v, typed.Result(a.op, a.world), hint);
+      });
+    } else if constexpr (kSum) {
       VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
-      ok = TakeInRankOrder<kWidth, false>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                                          [&](const RankBatch<kWidth>& batch) { sum.Add(batch); });
+      ok = take(sum);
       if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
     } else {
-      uint4 x{};  // the words xor-ed: no arithmetic, no element type
-      ok = TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                              [&](const RankBatch<1>& batch) {
-                                const uint4 d = batch.Data(0);
-                                x = make_uint4(x.x ^ d.x, x.y ^ d.y, x.z ^ d.z, x.w ^ d.w);
-                              });
-      if (kPart == OneShotPart::kNoReduce && ok) StorePacked(a, 16 * v, x, hint);
+      XorAccumulator x;  // no arithmetic, no element type
+      ok = take(x);
+      if (kPart == OneShotPart::kNoReduce && ok) StorePacked(a, 16 * v, x.words, hint);
     }
   }
   if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
-  if constexpr (kPart == OneShotPart::kToldEarly) {
-    FinishLaunchTold(a, ctx, told);
-  } else {
-    FinishLaunch(a, ctx);
-  }
+  FinishLaunch(a, ctx);
 }
 
 // LL two-shot regions of rank `owner`'s LL half: phase 0 (senders' parts of
@@ -350,8 +355,7 @@ constexpr OneShotPartKernel kOneShotPartKernels[] = {
     {OneShotPart::kNoHeader, OneShotKernel<1, OneShotPart::kNoHeader>},
     {OneShotPart::kNoReduce, OneShotKernel<1, OneShotPart::kNoReduce>},
     {OneShotPart::kPacketsOnly, OneShotKernel<1, OneShotPart::kPacketsOnly>},
-    {OneShotPart::kToldEarly, OneShotKernel<1, OneShotPart::kToldEarly>},
-    {OneShotPart::kFirstPassAll, OneShotKernel<1, OneShotPart::kFirstPassAll>},
+    {OneShotPart::kTyped, OneShotKernel<1, OneShotPart::kTyped>},
 };
 
 cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, int blocks,

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) TwoShotRmsNormKernel(
           a, row, active, partials,
           [&](int, int i, float* acc) {
             const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
-            AccumulateVector<D>(static_cast<int>(ReduceOp::kSum), a.world, [&](int s) {
+            AccumulateVector<D, SumLanes>(a.world, [&](int s) {
               if (s == a.rank) return mine;
               return LoadShared16(phase0(a.rank, s) + group_row * row_bytes + 16 * i);
             }, acc);

@@ -16,13 +16,10 @@ namespace jax_ar::gpu {
 // probe's data-path ladder (protocol_probe.h), less: no call header; no
 // header and the words xor-ed instead of summed (input loads and output
 // stores kept); no header, no loads, no stores, only the packets' exchange.
-// And two variants of all of it (A/Bs): the told-abort word (FinishLaunch)
-// read right after the launch number instead of after the data, so that its
-// round trip overlaps the wait (a told failure would then reach the record
-// one launch later); every peer's packets read once together, then each
-// missing one awaited alone (packets.cuh GatherRanks without re-reading the
-// rest together).
-enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly, kToldEarly, kFirstPassAll };
+// And one variant of all of it (an A/B): the element type and op
+// dispatched once per vector, around its waits, instead of once per peer's
+// step (numeric.cuh DispatchAccumulator against VectorAccumulator).
+enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly, kTyped };
 
 // Launches one protocol instance on `stream` (a launch of one array passes
 // the small AllReduceArgs<1>); `threads` per block for the one-shot, and the

@@ -238,12 +238,6 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
   }
 }
 
-// Thread 0's read of the failure word peers raise in this rank's workspace
-// (Abort); the other threads return 0.
-__device__ inline uint32_t ReadToldAbort(const ProtocolArgs& a) {
-  return threadIdx.x == 0 ? LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort) : 0u;
-}
-
 // Every block, last thing (all threads): block b stores the new count in
 // counters b, b + G, b + 2G, ... (G blocks), so that every counter a block
 // of the next launch may read holds it, whatever that launch's grid, and no
@@ -251,12 +245,15 @@ __device__ inline uint32_t ReadToldAbort(const ProtocolArgs& a) {
 // another, and none needs to know whether it is the last (no atomic, no
 // fence; measured as fast as one counter that the last block stores after
 // an atomic count, docs/gpu.md). The next launch of the stream starts only
-// once this one has finished. `told` is the block's ReadToldAbort: a launch
-// whose data all arrived never polls long enough to see a failure a peer
-// told this rank about (a peer may time out after sending), and the next
-// launches must know the communicator broke.
-__device__ inline void FinishLaunchTold(const ProtocolArgs& a, const LaunchContext& ctx,
-                                        uint32_t told) {
+// once this one has finished. Thread 0 reads the failure word peers raise
+// in this rank's workspace (Abort): a launch whose data all arrived never
+// polls long enough to see a failure a peer told this rank about (a peer
+// may time out after sending), and the next launches must know the
+// communicator broke. The read goes out before the block's barrier, so its
+// round trip overlaps the wait for the block's other threads.
+__device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
+  const uint32_t told =
+      threadIdx.x == 0 ? LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort) : 0u;
   CheckAlone(a, ctx);
   __syncthreads();
   if (told != 0) Abort(a, told, ctx.launch);
@@ -264,13 +261,6 @@ __device__ inline void FinishLaunchTold(const ProtocolArgs& a, const LaunchConte
        c += blockDim.x * gridDim.x) {
     StoreVolatile64(&a.local->completed[c], ctx.launch);
   }
-}
-
-// FinishLaunch reading the told-abort word itself, after the data: before
-// the block's barrier, so that the read's round trip overlaps the wait for
-// the block's other threads.
-__device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
-  FinishLaunchTold(a, ctx, ReadToldAbort(a));
 }
 
 template <typename Args>

@@ -80,12 +80,12 @@ __device__ __forceinline__ void ReadPending(PairOf&& pair_of, uint32_t flag, uin
 // then awaited alone (one load in flight: polling every peer at once
 // flooded the memory system while 8 ranks waited, 182 us instead of 60 at
 // 256 KB), and once it is in, the peers still missing are read again
-// together (unless kRereadTogether is false: then each is awaited alone in
-// turn, the protocol probe's oneshot_first_pass_all). Every index into the
+// together (each awaited alone in turn instead measured slower still at 2,
+// 4 and 8 ranks, 2026-12-02, docs/gpu.md). Every index into the
 // batch is a compile-time constant (the rank awaited alone is matched by
 // predicated moves), so it stays in registers, and the one spin loop is
 // written once. False if a wait was given up (the rank is then aborted).
-template <int kWidth, bool kRereadTogether = true>
+template <int kWidth>
 __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacket* half,
                                             uint64_t slot_bytes, uint64_t packet, uint32_t flag,
                                             Waiter& waiter, uint4 mine, RankBatch<kWidth>& b) {
@@ -118,14 +118,14 @@ __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacke
     }
     pending &= pending - 1;
     // Then every rank still missing, read again together.
-    if (kRereadTogether && pending != 0) ReadPending(pair_of, flag, pending, b);
+    if (pending != 0) ReadPending(pair_of, flag, pending, b);
   }
   return true;
 }
 
 // Every rank's 16-byte vector at packet pair `packet` (GatherRanks), handed
 // to take(batch) kWidth ranks at a time, in rank order.
-template <int kWidth = kRanksInFlight, bool kRereadTogether = true, typename TakeBatch>
+template <int kWidth = kRanksInFlight, typename TakeBatch>
 __device__ __forceinline__ bool TakeInRankOrder(const ProtocolArgs& a, const LLPacket* half,
                                                 uint64_t slot_bytes, uint64_t packet,
                                                 uint32_t flag, Waiter& waiter, uint4 mine,
@@ -133,8 +133,7 @@ __device__ __forceinline__ bool TakeInRankOrder(const ProtocolArgs& a, const LLP
   for (int base = 0; base < a.world; base += kWidth) {
     RankBatch<kWidth> batch;
     batch.base = base;
-    if (!GatherRanks<kWidth, kRereadTogether>(a, half, slot_bytes, packet, flag, waiter, mine,
-                                              batch)) {
+    if (!GatherRanks<kWidth>(a, half, slot_bytes, packet, flag, waiter, mine, batch)) {
       return false;
     }
     take(static_cast<const RankBatch<kWidth>&>(batch));

@@ -29,8 +29,7 @@ constexpr KernelStage kKernelStages[] = {
     {ProbeStage::kOneShotNoHeader, AllReduceKernel::kOneShot, 0, OneShotPart::kNoHeader},
     {ProbeStage::kOneShotNoReduce, AllReduceKernel::kOneShot, 0, OneShotPart::kNoReduce},
     {ProbeStage::kOneShotPackets, AllReduceKernel::kOneShot, 0, OneShotPart::kPacketsOnly},
-    {ProbeStage::kOneShotToldEarly, AllReduceKernel::kOneShot, 0, OneShotPart::kToldEarly},
-    {ProbeStage::kOneShotFirstPassAll, AllReduceKernel::kOneShot, 0, OneShotPart::kFirstPassAll},
+    {ProbeStage::kOneShotTyped, AllReduceKernel::kOneShot, 0, OneShotPart::kTyped},
 };
 
 ffi::Error ProtocolProbeHandler(cudaStream_t stream,

@@ -27,9 +27,8 @@ enum class ProbeStage : int32_t {
   kOneShotNoHeader = 9,     // without the call header
   kOneShotNoReduce = 10,    // and the words xor-ed, not summed
   kOneShotPackets = 11,     // and no input loads or output stores
-  kOneShotToldEarly = 12,   // the one-shot reading the told-abort word before the data wait
-  kOneShotFirstPassAll = 13,  // the one-shot reading every peer once, then each missing one
-  kLastStage = kOneShotFirstPassAll,
+  kOneShotTyped = 12,       // the one-shot with its arithmetic dispatched once per vector
+  kLastStage = kOneShotTyped,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

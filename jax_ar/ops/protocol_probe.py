@@ -11,10 +11,8 @@ without its call header ("oneshot_no_header"); and the one-shot's data path
 with pieces left out (no header in either): "oneshot_no_reduce" (the words
 xor-ed instead of summed; a result that is not a sum) and "oneshot_packets"
 (the packets' exchange alone: no input loads, no output stores); and
-"oneshot_told_early", the one-shot reading the told-abort word before the
-data wait instead of after it; "oneshot_first_pass_all", the one-shot
-reading every peer's packets once together, then awaiting each missing one
-alone.
+"oneshot_typed", the one-shot with its element type and op dispatched once
+per vector, around its waits, instead of once per peer's vector.
 """
 from __future__ import annotations
 
@@ -29,13 +27,12 @@ __all__ = ["KERNEL_STAGES", "STAGES", "protocol_probe"]
 # In the order of cuda/gpu/protocol_probe.h's ProbeStage.
 STAGES = ("empty", "launch", "header", "packet",
           "oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
-          "oneshot_no_header", "oneshot_no_reduce", "oneshot_packets", "oneshot_told_early",
-          "oneshot_first_pass_all")
+          "oneshot_no_header", "oneshot_no_reduce", "oneshot_packets", "oneshot_typed")
 # The stages whose result is the operand's sum over the ranks;
 # "oneshot_no_reduce" returns its words xor-ed over the ranks, the others
 # their result buffer as it was.
 KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
-                 "oneshot_no_header", "oneshot_told_early", "oneshot_first_pass_all")
+                 "oneshot_no_header", "oneshot_typed")
 
 
 def _ffi_attributes(*, comm_id, stage, **_):
