@@ -1,7 +1,9 @@
 // The all-reduce kernels: one-shot and two-shot over LL packets, and two-shot
 // over plain data behind flags for large messages. The element type of each
-// array is read at run time and wraps only the arithmetic
-// (VectorAccumulator), so each kernel holds one copy of its wait loops.
+// array and the op are read at run time: the one-shot dispatches on them
+// once per vector, around its waits (one copy of its wait loop per element
+// type and op); the two-shots once per step of the reduction
+// (VectorAccumulator: one copy of their wait loops).
 //
 // one-shot      Each thread owns 16-byte vectors of the message. It sends
 //               all of them to every peer as LL packets (slot `rank` of the
@@ -108,7 +110,7 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 template <int kSegments, OneShotPart kPart = OneShotPart::kAll>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  constexpr bool kHeader = kPart == OneShotPart::kAll || kPart == OneShotPart::kTyped;
+  constexpr bool kHeader = kPart == OneShotPart::kAll;
   constexpr bool kSum = kHeader || kPart == OneShotPart::kNoHeader;
   const uint64_t vectors = a.bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
@@ -147,15 +149,15 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
       return TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
                                 [&](const RankBatch<1>& batch) { sum.Add(batch); });
     };
-    if constexpr (kPart == OneShotPart::kTyped) {
+    if constexpr (kSum) {
+      // The element type and op dispatched once per vector, around its
+      // waits: 1-5% faster than once per peer's step (VectorAccumulator) at
+      // 2, 4 and 8 ranks, 1-256 KB (2026-12-02, docs/gpu.md), for one copy
+      // of the wait loop per element type and op.
       DispatchAccumulator(DtypeAt(a, 16 * v, hint), a.op, [&](auto typed) {
         ok = take(typed);
         if (ok) StorePacked(a, 16 * v, typed.Result(a.op, a.world), hint);
       });
-    } else if constexpr (kSum) {
-      VectorAccumulator sum(DtypeAt(a, 16 * v, hint), a.op);
-      ok = take(sum);
-      if (ok) StorePacked(a, 16 * v, sum.Result(a.world), hint);
     } else {
       XorAccumulator x;  // no arithmetic, no element type
       ok = take(x);
@@ -355,7 +357,6 @@ constexpr OneShotPartKernel kOneShotPartKernels[] = {
     {OneShotPart::kNoHeader, OneShotKernel<1, OneShotPart::kNoHeader>},
     {OneShotPart::kNoReduce, OneShotKernel<1, OneShotPart::kNoReduce>},
     {OneShotPart::kPacketsOnly, OneShotKernel<1, OneShotPart::kPacketsOnly>},
-    {OneShotPart::kTyped, OneShotKernel<1, OneShotPart::kTyped>},
 };
 
 cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, int blocks,

@@ -16,10 +16,7 @@ namespace jax_ar::gpu {
 // probe's data-path ladder (protocol_probe.h), less: no call header; no
 // header and the words xor-ed instead of summed (input loads and output
 // stores kept); no header, no loads, no stores, only the packets' exchange.
-// And one variant of all of it (an A/B): the element type and op
-// dispatched once per vector, around its waits, instead of once per peer's
-// step (numeric.cuh DispatchAccumulator against VectorAccumulator).
-enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly, kTyped };
+enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly };
 
 // Launches one protocol instance on `stream` (a launch of one array passes
 // the small AllReduceArgs<1>); `threads` per block for the one-shot, and the

@@ -29,7 +29,6 @@ constexpr KernelStage kKernelStages[] = {
     {ProbeStage::kOneShotNoHeader, AllReduceKernel::kOneShot, 0, OneShotPart::kNoHeader},
     {ProbeStage::kOneShotNoReduce, AllReduceKernel::kOneShot, 0, OneShotPart::kNoReduce},
     {ProbeStage::kOneShotPackets, AllReduceKernel::kOneShot, 0, OneShotPart::kPacketsOnly},
-    {ProbeStage::kOneShotTyped, AllReduceKernel::kOneShot, 0, OneShotPart::kTyped},
 };
 
 ffi::Error ProtocolProbeHandler(cudaStream_t stream,

@@ -27,8 +27,7 @@ enum class ProbeStage : int32_t {
   kOneShotNoHeader = 9,     // without the call header
   kOneShotNoReduce = 10,    // and the words xor-ed, not summed
   kOneShotPackets = 11,     // and no input loads or output stores
-  kOneShotTyped = 12,       // the one-shot with its arithmetic dispatched once per vector
-  kLastStage = kOneShotTyped,
+  kLastStage = kOneShotPackets,
 };
 
 // Launches stage kEmpty .. kPacket (one block).

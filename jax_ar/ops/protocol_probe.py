@@ -10,9 +10,7 @@ the one-shot with its block size forced ("oneshot_t128", "oneshot_t256") and
 without its call header ("oneshot_no_header"); and the one-shot's data path
 with pieces left out (no header in either): "oneshot_no_reduce" (the words
 xor-ed instead of summed; a result that is not a sum) and "oneshot_packets"
-(the packets' exchange alone: no input loads, no output stores); and
-"oneshot_typed", the one-shot with its element type and op dispatched once
-per vector, around its waits, instead of once per peer's vector.
+(the packets' exchange alone: no input loads, no output stores).
 """
 from __future__ import annotations
 
@@ -27,12 +25,12 @@ __all__ = ["KERNEL_STAGES", "STAGES", "protocol_probe"]
 # In the order of cuda/gpu/protocol_probe.h's ProbeStage.
 STAGES = ("empty", "launch", "header", "packet",
           "oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
-          "oneshot_no_header", "oneshot_no_reduce", "oneshot_packets", "oneshot_typed")
+          "oneshot_no_header", "oneshot_no_reduce", "oneshot_packets")
 # The stages whose result is the operand's sum over the ranks;
 # "oneshot_no_reduce" returns its words xor-ed over the ranks, the others
 # their result buffer as it was.
 KERNEL_STAGES = ("oneshot", "twoshot_ll", "twoshot_plain", "oneshot_t128", "oneshot_t256",
-                 "oneshot_no_header", "oneshot_typed")
+                 "oneshot_no_header")
 
 
 def _ffi_attributes(*, comm_id, stage, **_):
