@@ -53,17 +53,23 @@ def _gpu_defaults(n: int) -> dict:
 # fused call up to 256 KB (one-shot there). Not measured, guessed so that
 # the order stays the all-reduce's: two-shot below 1 MB (11 us at the
 # smallest, above one-shot) and one-shot from 1 MB (16 us there, above
-# two-shot, 8 us/MB beyond). The choice these reproduce: fused up to
-# 4 MB (1.1-1.3x faster than the pair), the pair at 8 and 16 MB (0.89-0.90x),
-# fused again at 32 MB (1.07x; noise, or a real trend: not looked into).
-# Other world sizes were not measured: the same curves plus 1 us per rank
-# beyond two on every path, so the choice stays that of two ranks. The lead
-# refits these from the next GPU run (`python -m jax_ar tune`).
+# two-shot, 8 us/MB beyond). The choice these reproduce: fused up to 4 MB
+# (1.1-1.3x faster than the pair), the pair at 8 MB (fused took 1.06-1.15x
+# its time in three runs at 2 and 4 ranks), fused from 16 MB. At 16 MB the
+# runs disagree (fused/pair 1.00 and 1.03 at 2 ranks on 2026-12-01 and
+# 12-02, 0.85 at 2 ranks and 0.88 at 4 measured from outside, 0.95 at 4
+# ranks on 12-02), so the pair's 16 MB point is the fused one times
+# pair/fused over the three 2-rank runs (1.045, sum over sum): fused is then
+# 3% slower in one run and up to 18% faster in the others. Other world
+# sizes: the same curves plus 1 us per rank beyond two on every path, so
+# the choice stays that of two ranks (the 4-rank run of 2026-12-02 agrees:
+# docs/gpu.md). The lead refits these from the next GPU run
+# (`python -m jax_ar tune`).
 _GPU_FUSED_ONESHOT = ((8192, 8.0), (262144, 9.7), (1048576, 16.0))
 _GPU_FUSED_TWOSHOT = ((8192, 11.0), (1048576, 13.46), (2097152, 17.24), (4194304, 28.77),
                       (8388608, 60.95), (16777216, 130.32), (33554432, 203.06))
 _GPU_COMPOSED = ((131072, 9.5), (262144, 10.48), (1048576, 17.37), (2097152, 19.94),
-                 (4194304, 29.19), (8388608, 54.51), (16777216, 117.04), (33554432, 216.88))
+                 (4194304, 29.19), (8388608, 54.51), (16777216, 136.2), (33554432, 216.88))
 
 
 def _gpu_norm_defaults(n: int) -> dict:
