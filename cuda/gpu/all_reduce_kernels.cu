@@ -150,10 +150,9 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
                                 [&](const RankBatch<1>& batch) { sum.Add(batch); });
     };
     if constexpr (kSum) {
-      // The element type and op dispatched once per vector, around its
-      // waits: 1-5% faster than once per peer's step (VectorAccumulator) at
-      // 2, 4 and 8 ranks, 1-256 KB (2026-12-02, docs/gpu.md), for one copy
-      // of the wait loop per element type and op.
+      // Element type and op dispatched once per vector, around its waits:
+      // 1-5% faster than once per peer's step (VectorAccumulator) at 2, 4
+      // and 8 ranks, 1-256 KB (2026-12-02, docs/gpu.md).
       DispatchAccumulator(DtypeAt(a, 16 * v, hint), a.op, [&](auto typed) {
         ok = take(typed);
         if (ok) StorePacked(a, 16 * v, typed.Result(a.op, a.world), hint);
