@@ -1,9 +1,9 @@
 // The all-reduce kernels: one-shot and two-shot over LL packets, and two-shot
 // over plain data behind flags for large messages. The element type of each
-// array and the op are read at run time: the one-shot dispatches on them
-// once per vector, around its waits (one copy of its wait loop per element
-// type and op); the two-shots once per step of the reduction
-// (VectorAccumulator: one copy of their wait loops).
+// array and the op are read at run time: the LL kernels dispatch on them
+// once per vector, around its waits (one copy of their wait loops per
+// element type and op); the plain two-shot, which waits per block, not per
+// vector, once per step of the reduction (VectorAccumulator).
 //
 // one-shot      Each thread owns 16-byte vectors of the message. It sends
 //               all of them to every peer as LL packets (slot `rank` of the
@@ -24,8 +24,11 @@
 //               for messages where bandwidth, not latency, counts.
 //
 // Call headers: block 0's thread t sends this launch's signature to rank t
-// at the start and reads rank t's once its own packets are out; only a
-// header that had not come by then is awaited at the end.
+// at the start. The LL kernels never wait for one: their packets carry the
+// signature's tag (ll_packet.cuh), so a rank that took every packet it
+// needed has met only peers making its call, and a waiter reads the
+// header only to name a disagreement. The plain two-shot compares every
+// peer's header at the end.
 //
 // Reuse of the data halves: launch n writes half n % 2 of its region (LL for
 // one-shot and LL two-shot, plain for plain two-shot; see layout.h). A rank
@@ -45,13 +48,6 @@ namespace jax_ar::gpu {
 __device__ LocalControl g_local_controls[kMaxLiveSlots];
 
 namespace {
-
-// Block 0's threads t < world (t != rank) each check one peer's call header:
-// thread t checks rank t's.
-__device__ __forceinline__ int HeaderPeerOfThread(const ProtocolArgs& a) {
-  const int t = static_cast<int>(threadIdx.x);
-  return blockIdx.x == 0 && t < a.world && t != a.rank ? t : -1;
-}
 
 template <int kSegments>
 __device__ __forceinline__ uint4 LoadPacked(const AllReduceArgs<kSegments>& a, uint64_t x,
@@ -74,16 +70,6 @@ __device__ __forceinline__ Dtype DtypeAt(const AllReduceArgs<kSegments>& a, uint
   if (x >= a.bytes) return a.segments[0].dtype;
   hint = FindSegment(a, x, hint);
   return a.segments[hint].dtype;
-}
-
-// The end of a launch's wait for block 0's header threads: `header` was read
-// while the data was awaited; only if it had not come yet is it awaited now.
-__device__ __forceinline__ bool HeaderAgreed(const ProtocolArgs& a, const LaunchContext& ctx,
-                                             int header_peer, const PacketRead& header,
-                                             Waiter& waiter) {
-  if (header_peer < 0) return true;
-  if (header.Fresh(ctx.flag)) return waiter.HeaderMatches(header_peer, header);
-  return CheckHeader(a, waiter);
 }
 
 // The protocol probe's stand-in for a reduction: the words xor-ed.
@@ -127,15 +113,12 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     if (!ctx.live) return;
   }
   Waiter waiter(a, ctx.launch);
-  const int header_peer = kHeader ? HeaderPeerOfThread(a) : -1;
   // Every vector of this thread goes out before the first wait, so that a
   // thread with several vectors waits for one exchange, not one per vector.
   for (uint64_t v = first; v < vectors; v += stride) {
     const uint4 input = v == first ? first_input : OneShotInput<kSegments, kPart>(a, v, hint);
-    SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, input, ctx.flag);
+    SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, input, ctx.flags);
   }
-  PacketRead header{};
-  if (header_peer >= 0) header = ReadPacket(HeaderSlot(a, a.rank, ctx.launch, header_peer));
   const LLPacket* half = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0);
   bool ok = true;
   for (uint64_t v = first; v < vectors && ok; v += stride) {
@@ -146,7 +129,7 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     // 1.1-1.2x slower at 2 ranks, 1.3-1.6x at 4 and 1.5x at 8 (16 KB and 256 KB,
     // 2026-12-02, docs/gpu.md), and takes 220 registers a thread, not 94.
     const auto take = [&](auto& sum) {
-      return TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
+      return TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flags, waiter, mine,
                                 [&](const RankBatch<1>& batch) { sum.Add(batch); });
     };
     if constexpr (kSum) {
@@ -163,7 +146,6 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
       if (kPart == OneShotPart::kNoReduce && ok) StorePacked(a, 16 * v, x.words, hint);
     }
   }
-  if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
   FinishLaunch(a, ctx);
 }
 
@@ -190,7 +172,6 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   const uint64_t phase1 = TwoShotLLRegion(a, a.slot_bytes, 1);
-  const int header_peer = HeaderPeerOfThread(a);
   int hint = 0;
   // Phase 0: vector v of chunk j goes to rank j, for all of this thread's v.
   for (uint64_t v = first; v < vectors; v += stride) {
@@ -198,11 +179,9 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
       const int peer = PeerAfter(a, step);
       const uint4 part = LoadPacked(a, peer * chunk + 16 * v, hint);
       WritePacketPair(PacketSlot(a, peer, ctx.parity, a.slot_bytes, a.rank) + 2 * v, part,
-                      ctx.flag);
+                      ctx.flags);
     }
   }
-  PacketRead header{};
-  if (header_peer >= 0) header = ReadPacket(HeaderSlot(a, a.rank, ctx.launch, header_peer));
   // Reduce this rank's chunk as its parts arrive; each reduced vector goes
   // to the output and to every peer (phase 1).
   const LLPacket* parts = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0);
@@ -210,19 +189,22 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     const uint64_t mine_at = a.rank * chunk + 16 * v;
     const uint4 mine = LoadPacked(a, mine_at, hint);
-    VectorAccumulator sum(DtypeAt(a, mine_at, hint), a.op);
-    ok = TakeInRankOrder<kWidth>(a, parts, a.slot_bytes, 2 * v, ctx.flag, waiter, mine,
-                                 [&](const RankBatch<kWidth>& batch) { sum.Add(batch); });
+    // Element type and op dispatched once per vector, as in the one-shot.
+    uint4 reduced;
+    DispatchAccumulator(DtypeAt(a, mine_at, hint), a.op, [&](auto typed) {
+      ok = TakeInRankOrder<kWidth>(a, parts, a.slot_bytes, 2 * v, ctx.flags, waiter, mine,
+                                   [&](const RankBatch<kWidth>& batch) { typed.Add(batch); });
+      if (ok) reduced = typed.Result(a.op, a.world);
+    });
     if (!ok) break;
-    const uint4 reduced = sum.Result(a.world);
     StorePacked(a, mine_at, reduced, hint);
-    SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, reduced, ctx.flag, phase1);
+    SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, reduced, ctx.flags, phase1);
   }
   // Phase 1: every peer's reduced vectors into the output.
   const LLPacket* reduced = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0, phase1);
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     ok = TakeInRankOrder<kWidth>(
-        a, reduced, a.slot_bytes, 2 * v, ctx.flag, waiter, make_uint4(0, 0, 0, 0),
+        a, reduced, a.slot_bytes, 2 * v, ctx.flags, waiter, make_uint4(0, 0, 0, 0),
         [&](const RankBatch<kWidth>& batch) {
 #pragma unroll
           for (int j = 0; j < kWidth; ++j) {
@@ -231,7 +213,6 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
           }
         });
   }
-  if (ok) HeaderAgreed(a, ctx, header_peer, header, waiter);
   FinishLaunch(a, ctx);
 }
 

@@ -92,11 +92,12 @@ __device__ inline void Abort(const ProtocolArgs& a, uint32_t code, uint64_t laun
 // stay small) it looks for a failure elsewhere (another thread of this
 // rank, or a peer) and checks the deadline, which starts at the first check
 // so that waits that end quickly never read the clock.
-// Block 0's thread t (t < world, t != rank) also looks at rank t's call
-// header until it has come: a peer that made a different call may never
-// send what this launch waits for (a reduce_scatter's flags beside an
-// all-reduce's LL packets), so waiting for the data alone would end at the
-// deadline as a timeout instead of naming the disagreement.
+// It also looks at the call header of the peer it waits for, until that has
+// come: a peer that made a different call never sends what this launch
+// waits for (a reduce_scatter's flags beside an all-reduce's LL packets, or
+// LL packets with another call's tag, ll_packet.cuh), so waiting for the
+// data alone would end at the deadline as a timeout instead of naming the
+// disagreement.
 class Waiter {
  public:
   __device__ Waiter(const ProtocolArgs& a, uint64_t launch) : a_(a), launch_(launch) {}
@@ -131,7 +132,7 @@ class Waiter {
       Abort(a_, told, launch_);
       return false;
     }
-    if (!HeaderAgrees()) return false;
+    if (!HeaderAgrees(peer)) return false;
     const uint64_t now = GlobalTimerNs();
     if (deadline_ == 0) {
       deadline_ = now + a_.timeout_ns;
@@ -142,28 +143,27 @@ class Waiter {
     return true;
   }
 
-  // False (the rank aborted) once this thread's header peer has sent the
-  // header of a different call for this launch.
-  __device__ bool HeaderAgrees() {
-    const int peer = threadIdx.x;
-    if (header_seen_ || blockIdx.x != 0 || peer >= a_.world || peer == a_.rank) return true;
+  // False (the rank aborted) once `peer` has sent the header of a
+  // different call for this launch.
+  __device__ bool HeaderAgrees(int peer) {
+    if (peer == a_.rank || ((headers_seen_ >> peer) & 1u) != 0) return true;
     const PacketRead h = ReadPacket(HeaderSlot(a_, a_.rank, launch_, peer));
-    if (!h.Fresh(LaunchFlag(launch_))) return true;  // not here yet
-    header_seen_ = true;
+    if (!h.Fresh(HeaderFlags(launch_))) return true;  // not here yet
+    headers_seen_ |= 1u << peer;
     return HeaderMatches(peer, h);
   }
 
   const ProtocolArgs& a_;
   uint64_t launch_;
-  bool header_seen_ = false;
+  uint32_t headers_seen_ = 0;  // bit q: rank q's header came and matched
   uint64_t deadline_ = 0;
   uint32_t polls_ = 0;
 };
 
 struct LaunchContext {
   uint64_t launch;
-  uint32_t flag;     // LaunchFlag(launch): what this launch's LL packets carry
-  int parity;        // launch & 1: the data half this launch uses
+  PacketFlags flags;  // what this launch's LL data packets carry (DataFlags)
+  int parity;         // launch & 1: the data half this launch uses
   bool live;
   uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
 };
@@ -201,16 +201,19 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   }
   __syncthreads();
   const uint64_t launch = s_launch;
-  return {launch, LaunchFlag(launch), static_cast<int>(launch & 1), s_live != 0, claimed};
+  return {launch, DataFlags(launch, a.signature), static_cast<int>(launch & 1), s_live != 0,
+          claimed};
 }
 
 // Call headers: block 0's threads 0..world-1 each send the launch signature
-// to one peer as an LL packet, and later compare what that peer sent.
+// to one peer as an LL packet. Kernels that exchange flags compare every
+// peer's at the end (CheckHeader); LL kernels carry the signature's tag in
+// their data packets and read a header only to name a disagreement (Waiter).
 __device__ inline void SendHeader(const ProtocolArgs& a, const LaunchContext& ctx) {
   const int peer = threadIdx.x;
   if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return;
   WritePacket(HeaderSlot(a, peer, ctx.launch, a.rank), static_cast<uint32_t>(a.signature),
-              static_cast<uint32_t>(a.signature >> 32), ctx.flag);
+              static_cast<uint32_t>(a.signature >> 32), HeaderFlags(ctx.launch));
 }
 
 // Every kernel's start: the launch context, and false (after `fill_outputs()`
@@ -276,7 +279,7 @@ __device__ inline bool CheckHeader(const ProtocolArgs& a, Waiter& waiter) {
   if (blockIdx.x != 0 || peer >= a.world || peer == a.rank) return true;
   const LLPacket* slot = HeaderSlot(a, a.rank, waiter.launch(), peer);
   PacketRead h = ReadPacket(slot);
-  if (!AwaitPacket(slot, LaunchFlag(waiter.launch()), h,
+  if (!AwaitPacket(slot, HeaderFlags(waiter.launch()), h,
                    [&] { return waiter.KeepWaiting(peer); })) {
     return false;
   }

@@ -23,10 +23,10 @@ __device__ __forceinline__ LLPacket* PacketSlot(const ProtocolArgs& a, int owner
 // next rank to spread the load.
 __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity,
                                                uint64_t slot_bytes, uint64_t packet, uint4 data,
-                                               uint32_t flag, uint64_t region = 0) {
+                                               PacketFlags flags, uint64_t region = 0) {
   for (int step = 1; step < a.world; ++step) {
     const int peer = PeerAfter(a, step);
-    WritePacketPair(PacketSlot(a, peer, parity, slot_bytes, a.rank, region) + packet, data, flag);
+    WritePacketPair(PacketSlot(a, peer, parity, slot_bytes, a.rank, region) + packet, data, flags);
   }
 }
 
@@ -53,7 +53,7 @@ struct RankBatch {
 // b.data, clearing their bits. The raw packets live only here, so what the
 // caller holds while it waits is the data alone (registers: 8 in flight).
 template <int kWidth, typename PairOf>
-__device__ __forceinline__ void ReadPending(PairOf&& pair_of, uint32_t flag, uint32_t& pending,
+__device__ __forceinline__ void ReadPending(PairOf&& pair_of, PacketFlags flags, uint32_t& pending,
                                             RankBatch<kWidth>& b) {
   PacketRead lo[kWidth], hi[kWidth];
 #pragma unroll
@@ -65,7 +65,7 @@ __device__ __forceinline__ void ReadPending(PairOf&& pair_of, uint32_t flag, uin
   }
 #pragma unroll
   for (int j = 0; j < kWidth; ++j) {
-    if (((pending >> j) & 1u) && lo[j].Fresh(flag) && hi[j].Fresh(flag)) {
+    if (((pending >> j) & 1u) && lo[j].Fresh(flags) && hi[j].Fresh(flags)) {
       b.data[j] = PairData(lo[j], hi[j]);
       pending &= ~(1u << j);
     }
@@ -87,7 +87,7 @@ __device__ __forceinline__ void ReadPending(PairOf&& pair_of, uint32_t flag, uin
 // written once. False if a wait was given up (the rank is then aborted).
 template <int kWidth>
 __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacket* half,
-                                            uint64_t slot_bytes, uint64_t packet, uint32_t flag,
+                                            uint64_t slot_bytes, uint64_t packet, PacketFlags flags,
                                             Waiter& waiter, uint4 mine, RankBatch<kWidth>& b) {
   const uint64_t slot_packets = slot_bytes / sizeof(LLPacket);
   const auto pair_of = [&](int s) { return half + s * slot_packets + packet; };
@@ -102,14 +102,14 @@ __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacke
       pending |= 1u << j;
     }
   }
-  ReadPending(pair_of, flag, pending, b);
+  ReadPending(pair_of, flags, pending, b);
   while (pending != 0) {
     // The first missing rank alone, until its pair is in.
     const int first = __ffs(pending) - 1;
     const LLPacket* p = pair_of(b.base + first);
     PacketRead lo = ReadPacket(p), hi = ReadPacket(p + 1);
     const auto keep_waiting = [&] { return waiter.KeepWaiting(b.base + first); };
-    if (!AwaitPacket(p, flag, lo, keep_waiting) || !AwaitPacket(p + 1, flag, hi, keep_waiting)) {
+    if (!AwaitPacket(p, flags, lo, keep_waiting) || !AwaitPacket(p + 1, flags, hi, keep_waiting)) {
       return false;
     }
 #pragma unroll
@@ -118,7 +118,7 @@ __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacke
     }
     pending &= pending - 1;
     // Then every rank still missing, read again together.
-    if (pending != 0) ReadPending(pair_of, flag, pending, b);
+    if (pending != 0) ReadPending(pair_of, flags, pending, b);
   }
   return true;
 }
@@ -128,12 +128,12 @@ __device__ __forceinline__ bool GatherRanks(const ProtocolArgs& a, const LLPacke
 template <int kWidth = kRanksInFlight, typename TakeBatch>
 __device__ __forceinline__ bool TakeInRankOrder(const ProtocolArgs& a, const LLPacket* half,
                                                 uint64_t slot_bytes, uint64_t packet,
-                                                uint32_t flag, Waiter& waiter, uint4 mine,
+                                                PacketFlags flags, Waiter& waiter, uint4 mine,
                                                 TakeBatch&& take) {
   for (int base = 0; base < a.world; base += kWidth) {
     RankBatch<kWidth> batch;
     batch.base = base;
-    if (!GatherRanks<kWidth>(a, half, slot_bytes, packet, flag, waiter, mine, batch)) {
+    if (!GatherRanks<kWidth>(a, half, slot_bytes, packet, flags, waiter, mine, batch)) {
       return false;
     }
     take(static_cast<const RankBatch<kWidth>&>(batch));

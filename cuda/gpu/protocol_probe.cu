@@ -20,8 +20,8 @@ __global__ void __launch_bounds__(32) StageKernel(const __grid_constant__ Protoc
     // Thread 0 sends one packet pair to every peer and awaits theirs; the
     // data half is the one-shot's, slots of 32 bytes.
     if (threadIdx.x == 0) {
-      SendPacketPair(a, ctx.parity, 32, 0, make_uint4(1, 2, 3, 4), ctx.flag);
-      TakeInRankOrder(a, PacketSlot(a, a.rank, ctx.parity, 32, 0), 32, 0, ctx.flag, waiter,
+      SendPacketPair(a, ctx.parity, 32, 0, make_uint4(1, 2, 3, 4), ctx.flags);
+      TakeInRankOrder(a, PacketSlot(a, a.rank, ctx.parity, 32, 0), 32, 0, ctx.flags, waiter,
                       make_uint4(0, 0, 0, 0), [](const RankBatch<>&) {});
     }
   }
