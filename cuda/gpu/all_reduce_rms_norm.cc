@@ -114,7 +114,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   }
   const uint64_t signature =
       Signature(algo, world, dtype, residual_dtype, rows, hidden, quantize, eps, vectors);
-  const RowPlan plan = PlanRow(static_cast<int>(hidden / lanes), kFusedVectorsPerThread);
+  const RowPlan plan = PlanFusedRow(static_cast<int>(hidden / lanes));
   const int rows_at_once = plan.rows_per_block;
 
   RmsNormLaunchArgs a{};

@@ -33,12 +33,13 @@
 namespace jax_ar::gpu {
 namespace {
 
-// Peers' packets of a row vector in flight at once (packets.cuh): blocks of
-// up to 1024 threads leave 64 registers a thread.
+// Peers' packets of a row vector in flight at once (packets.cuh): the
+// four-vector kernels' blocks of up to 1024 threads leave 64 registers a
+// thread (row_plan.h FusedMaxThreads).
 constexpr int kFusedRanksInFlight = 2;
 
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
-__global__ void __launch_bounds__(kMaxThreadsPerRow) OneShotRmsNormKernel(
+__global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
   __shared__ double partials[kMaxThreadsPerRow / 32];
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) OneShotRmsNormKernel(
 }
 
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
-__global__ void __launch_bounds__(kMaxThreadsPerRow) TwoShotRmsNormKernel(
+__global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
   __shared__ double partials[kMaxThreadsPerRow / 32];
@@ -252,19 +253,22 @@ cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int 
   return cudaGetLastError();
 }
 
-// Kernels hold one vector of a row per thread (every row of up to 1024
-// vectors: hidden 8192 in 16-bit types) or up to four (longer rows). Two
-// and three take the four-vector kernel, whose lanes past the row stay
-// idle: two instantiations instead of four (build time and module size;
-// rows that long are rare and bandwidth-bound).
+// Kernels hold one vector of a row per thread (rows of up to 512 vectors:
+// hidden 4096 in 16-bit types), two (up to 1024: hidden 8192), or up to four
+// (longer rows, row_plan.h PlanFusedRow). Three takes the four-vector
+// kernel, whose lanes past the row stay idle: three instantiations instead
+// of four (build time and module size; rows that long are rare and
+// bandwidth-bound).
 template <Dtype D, Dtype R, bool kPostNorm>
 cudaError_t LaunchVectors(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks,
                           int threads, int vectors_per_thread, cudaStream_t stream) {
-  if (vectors_per_thread == 1) {
-    return LaunchTyped<D, R, kPostNorm, 1>(algorithm, args, blocks, threads, stream);
+  switch (vectors_per_thread) {
+    case 1: return LaunchTyped<D, R, kPostNorm, 1>(algorithm, args, blocks, threads, stream);
+    case 2: return LaunchTyped<D, R, kPostNorm, 2>(algorithm, args, blocks, threads, stream);
+    default:
+      return LaunchTyped<D, R, kPostNorm, kMaxVectorsPerThread>(algorithm, args, blocks, threads,
+                                                                stream);
   }
-  return LaunchTyped<D, R, kPostNorm, kMaxVectorsPerThread>(algorithm, args, blocks, threads,
-                                                            stream);
 }
 
 template <Dtype D, Dtype R>
@@ -295,8 +299,10 @@ cudaError_t LoadVariant() {
   cudaFuncAttributes attributes;
   const void* kernels[] = {
       reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2>),
       reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 1>),
+      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 2>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),
   };
   for (const void* kernel : kernels) {

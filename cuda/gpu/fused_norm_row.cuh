@@ -127,18 +127,24 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
           ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
                              static_cast<uint32_t>(a.rows_per_group))
           : 0;
-  // With one vector a thread (rows up to 1024 vectors), its residual and
-  // gamma words are read before the sum over ranks is awaited, so that their
-  // latency hides behind the exchange (measured: the fused call 3.5 us above
-  // the one-shot all-reduce at 1 token without); longer rows read them when
-  // needed (registers: the 1024-thread blocks have 64 a thread).
-  constexpr bool kEarlyLoads = kVectors == 1;
-  uint4 early_residual[RL::kWords];
-  float early_gamma[kLanes];
+  // With one or two vectors a thread (rows up to 1024 vectors), their
+  // residual and gamma words are read before the sum over ranks is awaited,
+  // so that their latency hides behind the exchange (measured: the fused
+  // call 3.5 us above the one-shot all-reduce at 1 token without); longer
+  // rows read them when needed (registers: the four-vector kernels' blocks
+  // of up to 1024 threads have 64 a thread, row_plan.h).
+  constexpr bool kEarlyLoads = kVectors <= 2;
+  constexpr int kEarly = kEarlyLoads ? kVectors : 1;
+  uint4 early_residual[kEarly][RL::kWords];
+  float early_gamma[kEarly][kLanes];
   if constexpr (kEarlyLoads) {
-    if (active && lane < a.row_vectors) {
-      RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), lane, early_residual);
-      LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), lane, early_gamma);
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (active && i < a.row_vectors) {
+        RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, early_residual[k]);
+        LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, early_gamma[k]);
+      }
     }
   }
   // Rows are kept as the stored residual stream in between (half the
@@ -150,7 +156,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     float r[kLanes];
     if constexpr (kEarlyLoads) {
 #pragma unroll
-      for (int q = 0; q < RL::kWords; ++q) words[q] = early_residual[q];
+      for (int q = 0; q < RL::kWords; ++q) words[q] = early_residual[k][q];
     } else {
       RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, words);
     }
@@ -207,7 +213,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     RL::Unpack(stored[k], v);
     if constexpr (kEarlyLoads) {
 #pragma unroll
-      for (int j = 0; j < kLanes; ++j) g[j] = early_gamma[j];
+      for (int j = 0; j < kLanes; ++j) g[j] = early_gamma[k][j];
     } else {
       LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, g);
     }

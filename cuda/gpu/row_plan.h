@@ -25,7 +25,7 @@ static_assert(kFusedMaxHidden * sizeof(float) / kNormVectorBytes <= kMaxRowVecto
 // widens, so they plan with different `vectors_per_thread_wanted`:
 //   kFusedVectorsPerThread    the fused kernel also holds partial sums over
 //                             ranks and LL packets: registers are its limit
-//                             (docs/gpu.md);
+//                             (docs/gpu.md; PlanFusedRow below);
 //   kRmsNormVectorsPerThread  rms_norm.cu loads gamma beside the row, and
 //                             two vectors per thread keep enough bytes in
 //                             flight (measured, docs/rms_norm.md).
@@ -41,13 +41,43 @@ struct RowPlan {
 };
 
 /// Widens the group until each thread holds at most
-/// `vectors_per_thread_wanted` vectors or the group has kMaxThreadsPerRow.
-inline constexpr RowPlan PlanRow(int row_vectors, int vectors_per_thread_wanted) {
+/// `vectors_per_thread_wanted` vectors or the group has `max_threads`.
+inline constexpr RowPlan PlanRow(int row_vectors, int vectors_per_thread_wanted,
+                                 int max_threads = kMaxThreadsPerRow) {
   int threads = 1;
-  while (threads * vectors_per_thread_wanted < row_vectors && threads < kMaxThreadsPerRow) {
+  while (threads * vectors_per_thread_wanted < row_vectors && threads < max_threads) {
     threads *= 2;
   }
   return {threads, (row_vectors + threads - 1) / threads, std::max(1, kMinBlockThreads / threads)};
 }
+
+// The fused kernel's blocks: its instances for one or two vectors a thread
+// are built for kFusedNarrowThreads threads (one block an SM), which leaves
+// them 128 registers; built for 1024 threads (64 registers) they spilled
+// 144-196 bytes a thread between a peer's packets and the sum and ran
+// 1.2-2.5 us a call slower at 2-8 ranks (2026-12-02, docs/gpu.md). Rows of
+// more than 2 * kFusedNarrowThreads vectors (float32 rows over 4096) take
+// four a thread in groups of up to kMaxThreadsPerRow.
+inline constexpr int kFusedNarrowThreads = 512;
+inline constexpr int FusedMaxThreads(int vectors_per_thread) {
+  return vectors_per_thread <= 2 ? kFusedNarrowThreads : kMaxThreadsPerRow;
+}
+
+/// The fused kernel's plan: one vector a thread up to kFusedNarrowThreads
+/// vectors, then two, then four (vectors_per_thread 3 runs the four-vector
+/// kernel with lanes past the row idle).
+inline constexpr RowPlan PlanFusedRow(int row_vectors) {
+  for (int vectors = kFusedVectorsPerThread; vectors <= 2; ++vectors) {
+    if (row_vectors <= vectors * kFusedNarrowThreads) {
+      return PlanRow(row_vectors, vectors, kFusedNarrowThreads);
+    }
+  }
+  return PlanRow(row_vectors, kMaxVectorsPerThread);
+}
+static_assert(PlanFusedRow(512).vectors_per_thread == 1 && PlanFusedRow(513).vectors_per_thread == 2 &&
+                  PlanFusedRow(1024).threads_per_row == kFusedNarrowThreads &&
+                  PlanFusedRow(1025).vectors_per_thread == 3 &&
+                  PlanFusedRow(kMaxRowVectors).threads_per_row == kMaxThreadsPerRow,
+              "fused row plans: 1 vector a thread to 512 vectors, 2 to 1024, then 3-4");
 
 }  // namespace jax_ar::gpu
