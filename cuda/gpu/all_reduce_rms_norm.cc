@@ -114,8 +114,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   }
   const uint64_t signature =
       Signature(algo, world, dtype, residual_dtype, rows, hidden, quantize, eps, vectors);
-  const RowPlan plan = PlanFusedRow(static_cast<int>(hidden / lanes));
-  const int rows_at_once = plan.rows_per_block;
+  const int row_vectors = static_cast<int>(hidden / lanes);
 
   RmsNormLaunchArgs a{};
   FillProtocolArgs(*state, kOperation, a);
@@ -125,8 +124,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   a.rows_per_group = static_cast<int64_t>(vectors.rows_per_group);
   a.groups = static_cast<int32_t>(vectors.groups);
   a.scale = scale.typed_data();
-  a.row_vectors = static_cast<int32_t>(hidden / lanes);
-  a.threads_per_row = plan.threads_per_row;
+  a.row_vectors = row_vectors;
   a.eps = eps;
   a.quantize = quantize;
   a.dtype = dtype;
@@ -141,10 +139,18 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
     a.out = static_cast<std::byte*>(out->untyped_data()) + first * out_row_bytes;
     a.signature =
         SignatureOf(kOperation, HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows));
+    // Every rank plans a launch alike: from its rows, the row length and
+    // the world size.
+    const RowPlan plan = algo == Algorithm::kOneShot
+                             ? PlanFusedOneShotRow(row_vectors, a.rows, BlockCap(world))
+                             : PlanFusedRow(row_vectors);
+    const int rows_at_once = plan.rows_per_block;
+    a.threads_per_row = plan.threads_per_row;
+    a.blocks_per_row = plan.blocks_per_row;
     int64_t blocks;
     if (algo == Algorithm::kOneShot) {
       a.slot_bytes = SlotBytes(layout, world, Algorithm::kOneShot);
-      blocks = (a.rows + rows_at_once - 1) / rows_at_once;
+      blocks = (a.rows + rows_at_once - 1) / rows_at_once * plan.blocks_per_row;
     } else {
       a.group_rows = (a.rows + world - 1) / world;
       a.phase0_slot_bytes = AlignUp(a.group_rows * row_bytes);
@@ -152,6 +158,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
       a.phase1_slot_bytes = a.out_offset + AlignUp(a.group_rows * out_row_bytes);
       blocks = (a.group_rows + rows_at_once - 1) / rows_at_once;
     }
+    // A clustered launch has a cluster a row within the cap (row_plan.h).
     blocks = std::clamp<int64_t>(blocks, 1, BlockCap(world));
     if (algo == Algorithm::kTwoShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
     const cudaError_t err =

@@ -44,11 +44,13 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   using RL = ResidualLanes<D, R>;
   __shared__ double partials[kMaxThreadsPerRow / 32];
   const int tpr = a.threads_per_row;
-  const int lane = threadIdx.x % tpr;
-  const int rows_at_once = blockDim.x / tpr;
+  const int lane = RowLane(a);
+  // A block works on blockDim.x / tpr rows at once, or on part of one when
+  // a row spans a cluster of blocks_per_row blocks (row_plan.h).
+  const int rows_at_once = max(1, static_cast<int>(blockDim.x) / tpr);
   const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
-  const int64_t first_base = static_cast<int64_t>(blockIdx.x) * rows_at_once;
-  const int64_t base_stride = static_cast<int64_t>(gridDim.x) * rows_at_once;
+  const int64_t first_base = static_cast<int64_t>(blockIdx.x / a.blocks_per_row) * rows_at_once;
+  const int64_t base_stride = static_cast<int64_t>(gridDim.x / a.blocks_per_row) * rows_at_once;
   // The first row's vectors stay in registers for its sum. They do not
   // depend on the launch number: their loads go out before BeginLaunch's,
   // so the two round trips overlap (as in the all-reduce one-shot).
@@ -63,12 +65,18 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
       }
     }
   }
+  // A launch that may not run fills its outputs. Its blocks return at once,
+  // except where a row spans a cluster: there every block takes part in
+  // the norm's cluster barriers, sending, awaiting and storing nothing, so
+  // that no block waits at a barrier for one that left (the blocks of a
+  // launch may disagree on running if a failure is recorded as they start).
   LaunchContext ctx;
-  if (!StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); })) return;
+  const bool live = StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); });
+  if (!live && a.blocks_per_row == 1) return;
   const PacketFlags flags = ctx.flags;
   const int parity = ctx.parity;
   Waiter waiter(a, ctx.launch);
-  bool ok = true;
+  bool ok = live;
   const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
   const uint64_t residual_row_bytes = ResidualRowBytes<D, R>(a);
   const int out_bytes = OutVectorBytes<D>(a);
@@ -77,7 +85,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
 
   // Every row of this block goes out before the first wait: a block with
   // several rows then waits for one exchange, not one per row.
-  for (int64_t base = first_base; base < a.rows; base += base_stride) {
+  for (int64_t base = first_base; live && base < a.rows; base += base_stride) {
     const int64_t row = base + threadIdx.x / tpr;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
@@ -127,7 +135,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
           if (ok) StoreOut<D>(a, scale, y, RowOf(a.out, row, row_bytes / 16 * out_bytes) + out_bytes * i);
         });
   }
-  FinishLaunch(a, ctx);
+  if (live) FinishLaunch(a, ctx);
 }
 
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
@@ -245,6 +253,21 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
 cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks, int threads,
                         cudaStream_t stream) {
+  if (algorithm == Algorithm::kOneShot && args.blocks_per_row > 1) {
+    // A row spans a cluster of blocks (row_plan.h PlanFusedOneShotRow).
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(threads);
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(args.blocks_per_row);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, OneShotRmsNormKernel<D, R, kPostNorm, kVectors>, args);
+  }
   if (algorithm == Algorithm::kOneShot) {
     OneShotRmsNormKernel<D, R, kPostNorm, kVectors><<<blocks, threads, 0, stream>>>(args);
   } else {

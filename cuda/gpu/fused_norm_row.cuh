@@ -100,6 +100,29 @@ __device__ __forceinline__ void AddBias(const RmsNormLaunchArgs& a, int group, i
   for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], b[j]);
 }
 
+// This thread's place among its row's threads: within its block, or, for a
+// row that spans a cluster, within the cluster (block r holds threads
+// r * blockDim.x ... of the row).
+__device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
+  const int in_block = static_cast<int>(threadIdx.x) % a.threads_per_row;
+  if (a.blocks_per_row == 1) return in_block;
+  return static_cast<int>(blockIdx.x % a.blocks_per_row * blockDim.x) + in_block;
+}
+
+// The inverse RMS of this thread's row, over its block's threads or, for a
+// row that spans a cluster (blocks_per_row > 1), over the cluster's. Every
+// thread of the block (of the cluster) must call it together.
+__device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, double sum_of_squares,
+                                                 int hidden, int lane, double* partials) {
+  const int tpr = a.threads_per_row;
+  if (a.blocks_per_row > 1) {
+    return ClusterRowInverseRms(sum_of_squares, hidden, a.eps, tpr, lane, partials);
+  }
+  // Blocks loop over rows: partials are written again by the next row.
+  return RowInverseRms</*kPartialsReused=*/true>(sum_of_squares, hidden, a.eps, tpr, lane,
+                                                 threadIdx.x / tpr, partials);
+}
+
 // The norm of the row this thread works on, after the sum over ranks: for
 // each of its vectors i of row `row` (when `active`), reduce(k, i, t) puts
 // the float32 sum over ranks of vector i (the k-th of this thread) in t;
@@ -116,7 +139,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
   using RL = ResidualLanes<D, R>;
   constexpr int kLanes = Vec<D>::kLanes;
   const int tpr = a.threads_per_row;
-  const int lane = threadIdx.x % tpr;
+  const int lane = RowLane(a);
   const int hidden = a.row_vectors * kLanes;
   // This row's group: its row of gamma, post_gamma and bias. One group
   // unless vmap stacked several, and then no division (the kernel runs at
@@ -179,8 +202,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       AddBias<kLanes>(a, group, hidden, i, t[k]);
       AddSquares<kLanes>(t[k], post_sum_of_squares);
     }
-    const float post_inv_rms = RowInverseRms</*kPartialsReused=*/true>(
-        post_sum_of_squares, hidden, a.eps, tpr, lane, threadIdx.x / tpr, partials);
+    const float post_inv_rms = InverseRmsOfRow(a, post_sum_of_squares, hidden, lane, partials);
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -202,9 +224,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       add_residual(k, i, t);
     }
   }
-  // Blocks loop over rows: partials are written again by the next row.
-  const float inv_rms = RowInverseRms</*kPartialsReused=*/true>(
-      sum_of_squares, hidden, a.eps, tpr, lane, threadIdx.x / tpr, partials);
+  const float inv_rms = InverseRmsOfRow(a, sum_of_squares, hidden, lane, partials);
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = lane + k * tpr;

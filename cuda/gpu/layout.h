@@ -249,6 +249,7 @@ struct RmsNormLaunchArgs : ProtocolArgs {
   uint64_t out_offset;          // two-shot: where out rows start in a phase-1 slot
   int32_t row_vectors;      // hidden / lanes
   int32_t threads_per_row;  // power of two; blockDim.x / threads_per_row rows at a time
+  int32_t blocks_per_row;   // one-shot: > 1 when a row spans a cluster of blocks
   float eps;
   int32_t quantize;
   Dtype dtype;

@@ -5,6 +5,8 @@
 // formula (common/inverse_rms.h) turns the sum into 1 / sqrt(mean + eps).
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "common/inverse_rms.h"
@@ -45,6 +47,43 @@ __device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int 
   for (int w = 0; w < warps; ++w) total += row_partials[w];
   if constexpr (kPartialsReused) __syncthreads();
   return total;
+}
+
+/// RowSum of a row whose threads span the blocks of a cluster (block r of
+/// the cluster holds the row's threads r * blockDim.x ...): every warp's sum
+/// goes to its block's `partials` at the warp's place in the row, and after
+/// a cluster barrier every thread adds them all in the row's warp order
+/// through distributed shared memory, as RowSum adds them within a block
+/// (the same sum, bit for bit, as one block of the same threads_per_row).
+/// Every thread of the cluster must call this together; it ends with a
+/// cluster barrier, so that no block writes `partials` again or exits while
+/// another still reads them.
+template <typename T>
+__device__ __forceinline__ T ClusterRowSum(T value, int threads_per_row, int lane, T* partials) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int warps = threads_per_row / 32;
+  const int warps_per_block = static_cast<int>(blockDim.x) / 32;
+  if (lane % 32 == 0) partials[lane / 32] = value;
+  cluster.sync();
+  T total = 0;
+  for (int w = 0; w < warps; ++w) {
+    total += cluster.map_shared_rank(partials, w / warps_per_block)[w];
+  }
+  cluster.sync();
+  return total;
+}
+
+/// RowInverseRms over a cluster's row (ClusterRowSum).
+__device__ __forceinline__ float ClusterRowInverseRms(double sum_of_squares, int hidden, float eps,
+                                                      int threads_per_row, int lane,
+                                                      double* partials) {
+  const double total = ClusterRowSum(sum_of_squares, threads_per_row, lane, partials);
+  return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), eps);
 }
 
 /// 1 / sqrt(mean(v * v) + eps) of a row of `hidden` elements, from this

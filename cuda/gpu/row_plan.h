@@ -2,9 +2,12 @@
 // all_reduce_rms_norm's) spread a row over threads: a power-of-two group of
 // threads per row, each holding up to kMaxVectorsPerThread 16-byte vectors of
 // it, and at least kMinBlockThreads threads per block (several rows per
-// block when rows are short). The plan depends on the row length alone, so a
-// row's result never depends on how many rows a call has, and every rank of
-// the fused kernel plans alike. Plain C++: host code of both kernels reads it.
+// block when rows are short). How a row's threads add its squares depends
+// on the row length alone, so a row's result never depends on how many rows
+// a call has (the fused one-shot may spread a row's threads over a cluster
+// of blocks for a launch of few rows, adding in the same order), and every
+// rank of the fused kernel plans alike. Plain C++: host code of both kernels
+// reads it.
 #pragma once
 
 #include <algorithm>
@@ -36,8 +39,11 @@ struct RowPlan {
   int threads_per_row;     // power of two, at most kMaxThreadsPerRow
   int vectors_per_thread;  // 1..kMaxVectorsPerThread for rows up to kMaxRowVectors
   int rows_per_block;      // rows a block works on at once
+  int blocks_per_row = 1;  // > 1: a row's threads span a cluster of blocks
 
-  constexpr int block_threads() const { return threads_per_row * rows_per_block; }
+  constexpr int block_threads() const {
+    return threads_per_row * rows_per_block / blocks_per_row;
+  }
 };
 
 /// Widens the group until each thread holds at most
@@ -74,6 +80,34 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
   }
   return PlanRow(row_vectors, kMaxVectorsPerThread);
 }
+// The fused one-shot's plan for a launch of `rows` rows: PlanFusedRow's,
+// with each row's threads spread over a cluster of blocks of
+// kClusterBlockThreads threads when every row then has a cluster of its own
+// within `block_cap` blocks. The blocks sum the row's squares through
+// distributed shared memory in the order one block adds them (row_norm.cuh
+// ClusterRowSum), so a row's result is the same either way. Measured on the
+// H200 (docs/gpu.md, 2026-12-02): one block a row leaves a token's exchange
+// on one SM, 1.1-5.6 us a call slower at 1-8 tokens; clusters whose rows
+// must take turns (more rows than clusters fit the cap) ran up to 2.5x
+// slower at 8-128 tokens.
+inline constexpr int kClusterBlockThreads = 128;
+inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
+inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, long long rows, int block_cap) {
+  RowPlan plan = PlanFusedRow(row_vectors);
+  const int blocks = plan.threads_per_row / kClusterBlockThreads;
+  if (plan.rows_per_block == 1 && plan.vectors_per_thread <= 2 && blocks >= 2 &&
+      blocks <= kMaxClusterBlocks && rows * blocks <= block_cap) {
+    plan.blocks_per_row = blocks;
+  }
+  return plan;
+}
+static_assert(PlanFusedOneShotRow(512, 1, 16).blocks_per_row == 512 / kClusterBlockThreads &&
+                  PlanFusedOneShotRow(1024, 1, 16).threads_per_row == kFusedNarrowThreads &&
+                  PlanFusedOneShotRow(1024, 1, 16).vectors_per_thread == 2 &&
+                  PlanFusedOneShotRow(512, 1, 16).block_threads() == kClusterBlockThreads &&
+                  PlanFusedOneShotRow(512, 64, 16).blocks_per_row == 1 &&
+                  PlanFusedOneShotRow(2048, 1, 64).blocks_per_row == 1,
+              "fused one-shot clusters: PlanFusedRow's threads, a cluster a row within the cap");
 static_assert(PlanFusedRow(512).vectors_per_thread == 1 && PlanFusedRow(513).vectors_per_thread == 2 &&
                   PlanFusedRow(1024).threads_per_row == kFusedNarrowThreads &&
                   PlanFusedRow(1025).vectors_per_thread == 3 &&
