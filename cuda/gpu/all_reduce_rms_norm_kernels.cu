@@ -38,19 +38,22 @@ namespace {
 // thread (row_plan.h FusedMaxThreads).
 constexpr int kFusedRanksInFlight = 2;
 
-template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
+// kCluster: a row's threads span a cluster of a.blocks_per_row blocks, one
+// row a cluster (row_plan.h PlanFusedOneShotRow); otherwise a block works on
+// blockDim.x / threads_per_row rows at once.
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
   __shared__ double partials[kMaxThreadsPerRow / 32];
   const int tpr = a.threads_per_row;
-  const int lane = RowLane(a);
-  // A block works on blockDim.x / tpr rows at once, or on part of one when
-  // a row spans a cluster of blocks_per_row blocks (row_plan.h).
-  const int rows_at_once = max(1, static_cast<int>(blockDim.x) / tpr);
+  const int lane = RowLane<kCluster>(a);
+  const int rows_at_once = kCluster ? 1 : blockDim.x / tpr;
+  const int row_groups = kCluster ? gridDim.x / a.blocks_per_row : gridDim.x;
+  const int row_group = kCluster ? blockIdx.x / a.blocks_per_row : blockIdx.x;
   const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
-  const int64_t first_base = static_cast<int64_t>(blockIdx.x / a.blocks_per_row) * rows_at_once;
-  const int64_t base_stride = static_cast<int64_t>(gridDim.x / a.blocks_per_row) * rows_at_once;
+  const int64_t first_base = static_cast<int64_t>(row_group) * rows_at_once;
+  const int64_t base_stride = static_cast<int64_t>(row_groups) * rows_at_once;
   // The first row's vectors stay in registers for its sum. They do not
   // depend on the launch number: their loads go out before BeginLaunch's,
   // so the two round trips overlap (as in the all-reduce one-shot).
@@ -66,13 +69,13 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
     }
   }
   // A launch that may not run fills its outputs. Its blocks return at once,
-  // except where a row spans a cluster: there every block takes part in
-  // the norm's cluster barriers, sending, awaiting and storing nothing, so
-  // that no block waits at a barrier for one that left (the blocks of a
-  // launch may disagree on running if a failure is recorded as they start).
+  // except in clusters: there every block takes part in the norm's cluster
+  // barriers, sending, awaiting and storing nothing, so that no block waits
+  // at a barrier for one that left (the blocks of a launch may disagree on
+  // running if a failure is recorded as they start).
   LaunchContext ctx;
   const bool live = StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); });
-  if (!live && a.blocks_per_row == 1) return;
+  if (!kCluster && !live) return;
   const PacketFlags flags = ctx.flags;
   const int parity = ctx.parity;
   Waiter waiter(a, ctx.launch);
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
       // Later rows from L2 (the loop above read them).
       mine[k] = base == first_base ? first_row[k] : LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
     }
-    NormalizeReducedRow<D, R, kPostNorm, kVectors>(
+    NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster>(
         a, row, active, partials,
         [&](int k, int i, float* acc) {
           const uint64_t packet = 2 * (row * a.row_vectors + i);
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
       const int64_t group_row = base + threadIdx.x / tpr;
       const int64_t row = a.rank * a.group_rows + group_row;
       const bool active = group_row < hi && row < a.rows;
-      NormalizeReducedRow<D, R, kPostNorm, kVectors>(
+      NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false>(
           a, row, active, partials,
           [&](int, int i, float* acc) {
             const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
@@ -253,7 +256,15 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
 cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks, int threads,
                         cudaStream_t stream) {
-  if (algorithm == Algorithm::kOneShot && args.blocks_per_row > 1) {
+  if (algorithm == Algorithm::kTwoShot) {
+    TwoShotRmsNormKernel<D, R, kPostNorm, kVectors><<<blocks, threads, 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  if (args.blocks_per_row == 1) {
+    OneShotRmsNormKernel<D, R, kPostNorm, kVectors, false><<<blocks, threads, 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  if constexpr (kVectors <= kMaxClusterVectorsPerThread) {
     // A row spans a cluster of blocks (row_plan.h PlanFusedOneShotRow).
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(blocks);
@@ -266,14 +277,10 @@ cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int 
     cluster.val.clusterDim.z = 1;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, OneShotRmsNormKernel<D, R, kPostNorm, kVectors>, args);
+    return cudaLaunchKernelEx(&config, OneShotRmsNormKernel<D, R, kPostNorm, kVectors, true>,
+                              args);
   }
-  if (algorithm == Algorithm::kOneShot) {
-    OneShotRmsNormKernel<D, R, kPostNorm, kVectors><<<blocks, threads, 0, stream>>>(args);
-  } else {
-    TwoShotRmsNormKernel<D, R, kPostNorm, kVectors><<<blocks, threads, 0, stream>>>(args);
-  }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;  // the plan never clusters rows of more vectors a thread
 }
 
 // Kernels hold one vector of a row per thread (rows of up to 512 vectors:
@@ -321,9 +328,12 @@ template <Dtype D, Dtype R, bool kPostNorm>
 cudaError_t LoadVariant() {
   cudaFuncAttributes attributes;
   const void* kernels[] = {
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, false>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, false>),
+      reinterpret_cast<const void*>(
+          OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, true>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, true>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 1>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 2>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),

@@ -100,27 +100,33 @@ __device__ __forceinline__ void AddBias(const RmsNormLaunchArgs& a, int group, i
   for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], b[j]);
 }
 
-// This thread's place among its row's threads: within its block, or, for a
-// row that spans a cluster, within the cluster (block r holds threads
-// r * blockDim.x ... of the row).
+// This thread's place among its row's threads: within its block, or, where
+// a row spans a cluster of blocks (kCluster), within the cluster (block r
+// holds threads r * blockDim.x ... of the row). kCluster is a template
+// argument so that kernels of one-block rows carry none of this.
+template <bool kCluster>
 __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
-  const int in_block = static_cast<int>(threadIdx.x) % a.threads_per_row;
-  if (a.blocks_per_row == 1) return in_block;
-  return static_cast<int>(blockIdx.x % a.blocks_per_row * blockDim.x) + in_block;
+  if constexpr (kCluster) {
+    return static_cast<int>(blockIdx.x % a.blocks_per_row * blockDim.x + threadIdx.x);
+  } else {
+    return static_cast<int>(threadIdx.x) % a.threads_per_row;
+  }
 }
 
 // The inverse RMS of this thread's row, over its block's threads or, for a
-// row that spans a cluster (blocks_per_row > 1), over the cluster's. Every
-// thread of the block (of the cluster) must call it together.
+// row that spans a cluster (kCluster), over the cluster's. Every thread of
+// the block (of the cluster) must call it together.
+template <bool kCluster>
 __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, double sum_of_squares,
                                                  int hidden, int lane, double* partials) {
   const int tpr = a.threads_per_row;
-  if (a.blocks_per_row > 1) {
+  if constexpr (kCluster) {
     return ClusterRowInverseRms(sum_of_squares, hidden, a.eps, tpr, lane, partials);
+  } else {
+    // Blocks loop over rows: partials are written again by the next row.
+    return RowInverseRms</*kPartialsReused=*/true>(sum_of_squares, hidden, a.eps, tpr, lane,
+                                                   threadIdx.x / tpr, partials);
   }
-  // Blocks loop over rows: partials are written again by the next row.
-  return RowInverseRms</*kPartialsReused=*/true>(sum_of_squares, hidden, a.eps, tpr, lane,
-                                                 threadIdx.x / tpr, partials);
 }
 
 // The norm of the row this thread works on, after the sum over ranks: for
@@ -128,10 +134,11 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, dou
 // the float32 sum over ranks of vector i (the k-th of this thread) in t;
 // the bias is added, the post-norm applied, the residual added, and the
 // residual_out words (R rounded) go to emit_residual(i, words); the
-// normalized lanes go to emit_out(i, y). Every thread of the block must call
-// it together (RowInverseRms synchronizes).
-template <Dtype D, Dtype R, bool kPostNorm, int kVectors, typename Reduce, typename EmitResidual,
-          typename EmitOut>
+// normalized lanes go to emit_out(i, y). Every thread of the block (of the
+// cluster, with kCluster) must call it together (InverseRmsOfRow
+// synchronizes).
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, typename Reduce,
+          typename EmitResidual, typename EmitOut>
 __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
                                                     bool active, double* partials, Reduce&& reduce,
                                                     EmitResidual&& emit_residual,
@@ -139,7 +146,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
   using RL = ResidualLanes<D, R>;
   constexpr int kLanes = Vec<D>::kLanes;
   const int tpr = a.threads_per_row;
-  const int lane = RowLane(a);
+  const int lane = RowLane<kCluster>(a);
   const int hidden = a.row_vectors * kLanes;
   // This row's group: its row of gamma, post_gamma and bias. One group
   // unless vmap stacked several, and then no division (the kernel runs at
@@ -202,7 +209,8 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       AddBias<kLanes>(a, group, hidden, i, t[k]);
       AddSquares<kLanes>(t[k], post_sum_of_squares);
     }
-    const float post_inv_rms = InverseRmsOfRow(a, post_sum_of_squares, hidden, lane, partials);
+    const float post_inv_rms =
+        InverseRmsOfRow<kCluster>(a, post_sum_of_squares, hidden, lane, partials);
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -224,7 +232,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       add_residual(k, i, t);
     }
   }
-  const float inv_rms = InverseRmsOfRow(a, sum_of_squares, hidden, lane, partials);
+  const float inv_rms = InverseRmsOfRow<kCluster>(a, sum_of_squares, hidden, lane, partials);
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = lane + k * tpr;

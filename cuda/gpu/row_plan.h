@@ -92,11 +92,12 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // slower at 8-128 tokens.
 inline constexpr int kClusterBlockThreads = 128;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
+inline constexpr int kMaxClusterVectorsPerThread = 2;  // clustered kernels are built for 1 and 2
 inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, long long rows, int block_cap) {
   RowPlan plan = PlanFusedRow(row_vectors);
   const int blocks = plan.threads_per_row / kClusterBlockThreads;
-  if (plan.rows_per_block == 1 && plan.vectors_per_thread <= 2 && blocks >= 2 &&
-      blocks <= kMaxClusterBlocks && rows * blocks <= block_cap) {
+  if (plan.rows_per_block == 1 && plan.vectors_per_thread <= kMaxClusterVectorsPerThread &&
+      blocks >= 2 && blocks <= kMaxClusterBlocks && rows * blocks <= block_cap) {
     plan.blocks_per_row = blocks;
   }
   return plan;
