@@ -584,9 +584,9 @@ def suite_fallback_warnings(mesh, comm):
     # never run, since the fallbacks are jax.lax's collectives and NCCL
     # refuses ranks that share a GPU (on jax 0.11.2 each refused run then
     # waited 60 s for a peer that had given up: a hung GPU test).
-    def run(fn, x, out_specs=P()):
+    def lower(fn, x):
         return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("tp"),
-                                     out_specs=out_specs)).lower(global_array(x, mesh, P("tp")))
+                                     out_specs=P())).lower(global_array(x, mesh, P("tp")))
 
     def warnings(fragment):
         return [m for lv, m in handler.seen if lv == logging.WARNING and fragment in m]
@@ -594,13 +594,13 @@ def suite_fallback_warnings(mesh, comm):
     try:
         for size in (4, 5, 6):  # three traces of one call site
             x = np.ones((n * size,), np.int8)
-            run(lambda v: jax_ar.all_reduce(v, "tp"), x)
+            lower(lambda v: jax_ar.all_reduce(v, "tp"), x)
         found = warnings("do not take int8")
         assert len(found) == 1, handler.seen
         assert "jax.lax.psum" in found[0] and "cast to" in found[0] and \
             "ops_all_reduce.py:" in found[0], found
         # Another call site of the same fallback says so again, once.
-        run(lambda v: jax_ar.all_reduce(v, "tp", op="max"), np.ones((n * 4,), np.int8))
+        lower(lambda v: jax_ar.all_reduce(v, "tp", op="max"), np.ones((n * 4,), np.int8))
         assert len(warnings("do not take int8")) == 2, handler.seen
 
         # Nothing exchanged: a size-1 axis, a constant, an empty array.
@@ -619,7 +619,7 @@ def suite_fallback_warnings(mesh, comm):
         # JAX_AR_LOG=error: the logger's level drops the warnings.
         logger.setLevel(logging.ERROR)
         before = len(handler.seen)
-        run(lambda v: jax_ar.all_reduce(v, "tp"), np.ones((n * 4,), np.uint32))
+        lower(lambda v: jax_ar.all_reduce(v, "tp"), np.ones((n * 4,), np.uint32))
         assert len(handler.seen) == before, handler.seen[before:]
     finally:
         logger.removeHandler(handler)
