@@ -86,10 +86,11 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // within `block_cap` blocks. The blocks sum the row's squares through
 // distributed shared memory in the order one block adds them (row_norm.cuh
 // ClusterRowSum), so a row's result is the same either way. Measured on the
-// H200 (docs/gpu.md, 2026-12-02): one block a row leaves a token's exchange
-// on one SM, 1.1-5.6 us a call slower at 1-8 tokens; clusters whose rows
-// must take turns (more rows than clusters fit the cap) ran up to 2.5x
-// slower at 8-128 tokens.
+// H200 (docs/gpu.md "Latency, sixth push"): where each row has its own
+// cluster, calls ran 7-48% faster than one block a row (hidden 4096 and
+// 8192, 1-16 tokens, 2-8 ranks); clusters whose rows took turns on the
+// capped grid ran up to 2.5x slower at 8-128 tokens. Blocks of 64 threads
+// were faster still at one token, but fit the cap for fewer rows.
 inline constexpr int kClusterBlockThreads = 128;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 inline constexpr int kMaxClusterVectorsPerThread = 2;  // clustered kernels are built for 1 and 2
