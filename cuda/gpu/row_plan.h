@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common/norm_limits.h"
 
@@ -81,35 +82,47 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
   return PlanRow(row_vectors, kMaxVectorsPerThread);
 }
 // The fused one-shot's plan for a launch of `rows` rows: PlanFusedRow's,
-// with each row's threads spread over a cluster of blocks of
-// kClusterBlockThreads threads when every row then has a cluster of its own
-// within `block_cap` blocks. The blocks sum the row's squares through
+// with each row's threads spread over a cluster of blocks when every row
+// then has a cluster of its own within `block_cap` blocks: blocks of
+// kMinClusterBlockThreads threads where those clusters fit, else of
+// kClusterBlockThreads. The blocks sum the row's squares through
 // distributed shared memory in the order one block adds them (row_norm.cuh
 // ClusterRowSum), so a row's result is the same either way. Measured on the
-// H200 (docs/gpu.md "Latency, sixth push"): where each row has its own
-// cluster, calls ran 7-48% faster than one block a row (hidden 4096 and
-// 8192, 1-16 tokens, 2-8 ranks); clusters whose rows took turns on the
-// capped grid ran up to 2.5x slower at 8-128 tokens. Blocks of 64 threads
-// were faster still at one token, but fit the cap for fewer rows.
+// H200 (docs/gpu.md "Latency, sixth push" and "seventh push"): where each
+// row has its own cluster, calls ran 7-48% faster than one block a row
+// (hidden 4096 and 8192, 1-16 tokens, 2-8 ranks); clusters whose rows took
+// turns on the capped grid ran up to 2.5x slower at 8-128 tokens. Against
+// 128-thread blocks, 64-thread ones ran 5-9% faster at 8 ranks and one
+// token, 3-5% at 4 ranks and hidden 8192, and within 3% either way at 2
+// ranks (two device sessions).
+inline constexpr int kMinClusterBlockThreads = 64;
 inline constexpr int kClusterBlockThreads = 128;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 inline constexpr int kMaxClusterVectorsPerThread = 2;  // clustered kernels are built for 1 and 2
-inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, long long rows, int block_cap) {
+inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, int64_t rows, int block_cap) {
   RowPlan plan = PlanFusedRow(row_vectors);
-  const int blocks = plan.threads_per_row / kClusterBlockThreads;
-  if (plan.rows_per_block == 1 && plan.vectors_per_thread <= kMaxClusterVectorsPerThread &&
-      blocks >= 2 && blocks <= kMaxClusterBlocks && rows * blocks <= block_cap) {
-    plan.blocks_per_row = blocks;
+  if (plan.rows_per_block != 1 || plan.vectors_per_thread > kMaxClusterVectorsPerThread) {
+    return plan;
+  }
+  for (int threads = kMinClusterBlockThreads; threads <= kClusterBlockThreads; threads *= 2) {
+    const int blocks = plan.threads_per_row / threads;
+    if (blocks >= 2 && blocks <= kMaxClusterBlocks && rows * blocks <= block_cap) {
+      plan.blocks_per_row = blocks;
+      return plan;
+    }
   }
   return plan;
 }
-static_assert(PlanFusedOneShotRow(512, 1, 16).blocks_per_row == 512 / kClusterBlockThreads &&
+static_assert(PlanFusedOneShotRow(512, 1, 16).blocks_per_row == 512 / kMinClusterBlockThreads &&
+                  PlanFusedOneShotRow(512, 1, 16).block_threads() == kMinClusterBlockThreads &&
+                  PlanFusedOneShotRow(512, 4, 16).blocks_per_row == 512 / kClusterBlockThreads &&
+                  PlanFusedOneShotRow(512, 4, 16).block_threads() == kClusterBlockThreads &&
                   PlanFusedOneShotRow(1024, 1, 16).threads_per_row == kFusedNarrowThreads &&
                   PlanFusedOneShotRow(1024, 1, 16).vectors_per_thread == 2 &&
-                  PlanFusedOneShotRow(512, 1, 16).block_threads() == kClusterBlockThreads &&
                   PlanFusedOneShotRow(512, 64, 16).blocks_per_row == 1 &&
                   PlanFusedOneShotRow(2048, 1, 64).blocks_per_row == 1,
-              "fused one-shot clusters: PlanFusedRow's threads, a cluster a row within the cap");
+              "fused one-shot clusters: PlanFusedRow's threads, a cluster a row within the cap, "
+              "of the smallest blocks that fit");
 static_assert(PlanFusedRow(512).vectors_per_thread == 1 && PlanFusedRow(513).vectors_per_thread == 2 &&
                   PlanFusedRow(1024).threads_per_row == kFusedNarrowThreads &&
                   PlanFusedRow(1025).vectors_per_thread == 3 &&
