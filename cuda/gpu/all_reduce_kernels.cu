@@ -1,9 +1,9 @@
 // The all-reduce kernels: one-shot and two-shot over LL packets, and two-shot
 // over plain data behind flags for large messages. The element type of each
-// array and the op are read at run time: the LL kernels dispatch on them
-// once per vector, around its waits (one copy of their wait loops per
-// element type and op); the plain two-shot, which waits per block, not per
-// vector, once per step of the reduction (VectorAccumulator).
+// array and the op are read at run time and dispatched once per vector
+// (DispatchAccumulator): in the LL kernels around the vector's waits (one
+// copy of their wait loops per element type and op), in the plain two-shot,
+// which waits per block, around the sum of every rank's vector.
 //
 // one-shot      Each thread owns 16-byte vectors of the message. It sends
 //               all of them to every peer as LL packets (slot `rank` of the
@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     };
     if constexpr (kSum) {
       // Element type and op dispatched once per vector, around its waits:
-      // 1-5% faster than once per peer's step (VectorAccumulator) at 2, 4
-      // and 8 ranks, 1-256 KB (2026-12-02, docs/gpu.md).
+      // 1-5% faster than once per peer's step at 2, 4 and 8 ranks, 1-256 KB
+      // (2026-12-02, docs/gpu.md).
       DispatchAccumulator(DtypeAt(a, 16 * v, hint), a.op, [&](auto typed) {
         ok = take(typed);
         if (ok) StorePacked(a, 16 * v, typed.Result(a.op, a.world), hint);
@@ -254,11 +254,13 @@ __global__ void __launch_bounds__(kTwoShotThreads)
     for (uint64_t v = v_begin + threadIdx.x; v < v_end && base + 16 * v < a.bytes; v += blockDim.x) {
       const uint64_t x = base + 16 * v;
       const uint4 mine = LoadPacked(a, x, hint);
-      VectorAccumulator sum(a.segments[hint].dtype, a.op);
-      for (int s = 0; s < a.world; ++s) {
-        sum.Add(s, s == a.rank ? mine : LoadShared16(TwoShotSlot(a, a.rank, parity, 0, s) + 16 * v));
-      }
-      const uint4 result = sum.Result(a.world);
+      uint4 result;
+      DispatchAccumulator(a.segments[hint].dtype, a.op, [&](auto typed) {
+        AddRanks(typed, a.world, [&](int s) {
+          return s == a.rank ? mine : LoadShared16(TwoShotSlot(a, a.rank, parity, 0, s) + 16 * v);
+        });
+        result = typed.Result(a.op, a.world);
+      });
       StorePacked(a, x, result, hint);
       for (int i = 1; i < a.world; ++i) {
         const int peer = PeerAfter(a, i);

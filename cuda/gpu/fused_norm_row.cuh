@@ -121,7 +121,8 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, dou
                                                  int hidden, int lane, double* partials) {
   const int tpr = a.threads_per_row;
   if constexpr (kCluster) {
-    return ClusterRowInverseRms(sum_of_squares, hidden, a.eps, tpr, lane, partials);
+    const double total = ClusterRowSum(sum_of_squares, tpr, lane, partials);
+    return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
   } else {
     // Blocks loop over rows: partials are written again by the next row.
     return RowInverseRms</*kPartialsReused=*/true>(sum_of_squares, hidden, a.eps, tpr, lane,

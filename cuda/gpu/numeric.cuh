@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/protocol.h"
 #include "gpu/layout.h"
@@ -19,8 +18,8 @@ __device__ __forceinline__ bool IsNan(float v) { return (__float_as_uint(v) & 0x
 __device__ __forceinline__ bool SignBit(float v) { return (__float_as_uint(v) >> 31) != 0; }
 
 // The ways lanes combine, one type each (avg sums; Result scales), so that
-// the op is dispatched once per step of a reduction and each lane is
-// straight-line code. A switch on the op inside the lane loop measured
+// the op is dispatched once per vector of a reduction (DispatchAccumulator)
+// and each lane is straight-line code. A switch on the op inside the lane loop measured
 // 0.8-1.3 us a call per peer's step at 2-8 ranks: the one-shot summing took
 // 5.2 us against 3.9 with the words xor-ed, at 2 ranks and 1 KB
 // (2026-12-02, docs/gpu.md).
@@ -59,22 +58,7 @@ __device__ __forceinline__ void DispatchLanes(int op, Fn&& fn) {
   }
 }
 
-// Combines one 16-byte vector over `world` sources in rank order into `acc`
-// (the accumulator lanes, not rounded); source(s) returns rank s's vector.
-template <Dtype D, typename Lanes, typename Source>
-__device__ __forceinline__ void AccumulateVector(int world, Source&& source,
-                                                 typename Vec<D>::Acc* acc) {
-  using V = Vec<D>;
-  typename V::Acc next[V::kLanes];
-  V::Unpack(source(0), acc);
-  for (int s = 1; s < world; ++s) {
-    V::Unpack(source(s), next);
-#pragma unroll
-    for (int i = 0; i < V::kLanes; ++i) acc[i] = Lanes::Apply(acc[i], next[i]);
-  }
-}
-
-// One rank's vector as a batch of one (VectorAccumulator::Add).
+// One rank's vector as a batch of one (AddRanks).
 struct OneVector {
   static constexpr int kSize = 1;
   uint4 v;
@@ -149,63 +133,14 @@ __device__ __forceinline__ void DispatchAccumulator(Dtype dtype, int op, Fn&& fn
   });
 }
 
-// The same reduction with the element type and op read at run time: each
-// Add dispatches once on both and runs the typed lanes, never a wait inside
-// the dispatch, so a kernel that awaits every rank's vector holds one copy
-// of its wait loops for all element types and ops.
-class VectorAccumulator {
- public:
-  __device__ VectorAccumulator(Dtype dtype, int op) : dtype_(dtype), op_(op) {}
-
-  template <typename Batch>
-  __device__ __forceinline__ void Add(const Batch& batch) {
-    DispatchAccumulator(dtype_, op_, [&](auto typed) {
-      Load(typed);
-      typed.Add(batch);
-      Store(typed);
-    });
-  }
-
-  // Adds rank s's vector (ranks in order; rank 0 starts the sum).
-  __device__ __forceinline__ void Add(int s, uint4 v) { Add(OneVector{v, s, 1}); }
-
-  __device__ __forceinline__ uint4 Result(int world) const {
-    uint4 out;
-    DispatchDtype(dtype_, [&](auto tag) {
-      TypedAccumulator<decltype(tag)::kDtype, SumLanes> typed;
-      Load(typed);
-      out = typed.Result(op_, world);
-    });
-    return out;
-  }
-
- private:
-  template <typename Typed>
-  __device__ __forceinline__ void Load(Typed& typed) const {
-#pragma unroll
-    for (int i = 0; i < Typed::V::kLanes; ++i) {
-      if constexpr (std::is_same_v<typename Typed::Acc, float>) {
-        typed.acc[i] = __uint_as_float(lanes_[i]);
-      } else {
-        typed.acc[i] = static_cast<int32_t>(lanes_[i]);
-      }
-    }
-  }
-  template <typename Typed>
-  __device__ __forceinline__ void Store(const Typed& typed) {
-#pragma unroll
-    for (int i = 0; i < Typed::V::kLanes; ++i) {
-      if constexpr (std::is_same_v<typename Typed::Acc, float>) {
-        lanes_[i] = __float_as_uint(typed.acc[i]);
-      } else {
-        lanes_[i] = static_cast<uint32_t>(typed.acc[i]);
-      }
-    }
-  }
-
-  Dtype dtype_;
-  int op_;
-  uint32_t lanes_[8];
-};
+// Adds source(s), rank s's vector, for every rank in rank order: the
+// reduction of kernels that hold every rank's vector at hand (the plain
+// two-shot's, after its flags), with no wait between the ranks.
+template <typename Typed, typename Source>
+__device__ __forceinline__ void AddRanks(Typed& typed, int world, Source&& source) {
+  // Rank 0 apart, so that no rank's Add tests whether it starts the sum.
+  typed.Add(OneVector{source(0), 0, 1});
+  for (int s = 1; s < world; ++s) typed.Add(OneVector{source(s), s, 1});
+}
 
 }  // namespace jax_ar::gpu

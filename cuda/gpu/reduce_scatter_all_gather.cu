@@ -117,11 +117,13 @@ __global__ void __launch_bounds__(kChunkThreads)
     for (uint64_t v = range.begin + threadIdx.x; v < range.end; v += blockDim.x) {
       const uint64_t valid = ValidBytes(a, v);
       const uint4 mine = LoadPart(own + 16 * v, valid);
-      VectorAccumulator sum(a.dtype, a.op);
-      for (int s = 0; s < a.world; ++s) {
-        sum.Add(s, s == a.rank ? mine : LoadShared16(ChunkSlot(a, a.rank, parity, s) + 16 * v));
-      }
-      const uint4 result = sum.Result(a.world);
+      uint4 result;
+      DispatchAccumulator(a.dtype, a.op, [&](auto typed) {
+        AddRanks(typed, a.world, [&](int s) {
+          return s == a.rank ? mine : LoadShared16(ChunkSlot(a, a.rank, parity, s) + 16 * v);
+        });
+        result = typed.Result(a.op, a.world);
+      });
       StorePart(a.out + a.offset + 16 * v, result, valid);
     }
     CheckHeader(a, waiter);

@@ -24,6 +24,18 @@ __device__ __forceinline__ void AddSquares(const float* v, double& sum) {
   }
 }
 
+/// Sum of `value` over groups of `width` (a power of two, at most 32)
+/// neighbouring lanes of a warp, every lane of the group left holding it,
+/// added in the same butterfly order by every row sum below.
+template <typename T>
+__device__ __forceinline__ T WarpSum(T value, int width) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  return value;
+}
+
 /// Sum of `value` over the threads_per_row threads (a power of two) of one
 /// row. `lane` is this thread's place in the row's group, `row` the group's
 /// place among the rows its block works on at once. Groups wider than a warp
@@ -33,11 +45,7 @@ __device__ __forceinline__ void AddSquares(const float* v, double& sum) {
 /// threads may write `partials` again.
 template <bool kPartialsReused, typename T>
 __device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int row, T* partials) {
-  const int width = threads_per_row < 32 ? threads_per_row : 32;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
+  value = WarpSum(value, threads_per_row < 32 ? threads_per_row : 32);
   if (threads_per_row <= 32) return value;
   const int warps = threads_per_row / 32;
   T* row_partials = partials + row * warps;
@@ -60,10 +68,7 @@ __device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int 
 /// another still reads them.
 template <typename T>
 __device__ __forceinline__ T ClusterRowSum(T value, int threads_per_row, int lane, T* partials) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
+  value = WarpSum(value, 32);  // a clustered row is whole warps
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int warps = threads_per_row / 32;
@@ -76,14 +81,6 @@ __device__ __forceinline__ T ClusterRowSum(T value, int threads_per_row, int lan
   }
   cluster.sync();
   return total;
-}
-
-/// RowInverseRms over a cluster's row (ClusterRowSum).
-__device__ __forceinline__ float ClusterRowInverseRms(double sum_of_squares, int hidden, float eps,
-                                                      int threads_per_row, int lane,
-                                                      double* partials) {
-  const double total = ClusterRowSum(sum_of_squares, threads_per_row, lane, partials);
-  return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), eps);
 }
 
 /// 1 / sqrt(mean(v * v) + eps) of a row of `hidden` elements, from this
