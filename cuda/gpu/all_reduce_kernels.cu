@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kTwoShotThreads)
       const uint4 mine = LoadPacked(a, x, hint);
       uint4 result;
       DispatchAccumulator(a.segments[hint].dtype, a.op, [&](auto typed) {
-        AddRanks(typed, a.world, [&](int s) {
+        typed.AddRanks(a.world, [&](int s) {
           return s == a.rank ? mine : LoadShared16(TwoShotSlot(a, a.rank, parity, 0, s) + 16 * v);
         });
         result = typed.Result(a.op, a.world);

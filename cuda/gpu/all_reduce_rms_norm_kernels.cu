@@ -197,13 +197,10 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
           a, row, active, partials,
           [&](int, int i, float* acc) {
             const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
-            TypedAccumulator<D, SumLanes> sum;
-            AddRanks(sum, a.world, [&](int s) {
+            TypedAccumulator<D, SumLanes>::SumRanks(a.world, [&](int s) {
               if (s == a.rank) return mine;
               return LoadShared16(phase0(a.rank, s) + group_row * row_bytes + 16 * i);
-            });
-#pragma unroll
-            for (int j = 0; j < Vec<D>::kLanes; ++j) acc[j] = sum.acc[j];
+            }, acc);
           },
           [&](int i, const uint4 (&words)[RL::kWords]) {
             RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, words);

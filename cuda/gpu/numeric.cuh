@@ -58,15 +58,6 @@ __device__ __forceinline__ void DispatchLanes(int op, Fn&& fn) {
   }
 }
 
-// One rank's vector as a batch of one (AddRanks).
-struct OneVector {
-  static constexpr int kSize = 1;
-  uint4 v;
-  int base;
-  int count;
-  __device__ __forceinline__ uint4 Data(int) const { return v; }
-};
-
 // The reduction of one 16-byte vector of element type D over the ranks,
 // combined by Lanes: add the ranks' vectors in rank order (in batches), then
 // take Result.
@@ -90,6 +81,26 @@ struct TypedAccumulator {
         acc[i] = batch.base == 0 && j == 0 ? x[i] : Lanes::Apply(acc[i], x[i]);
       }
     }
+  }
+
+  // The sum of kernels that hold every rank's vector at hand (the plain
+  // two-shots, after their flags): source(s), rank s's vector, for every
+  // rank in rank order into `sum` (accumulator lanes, not rounded), with no
+  // wait between the ranks. AddRanks into this accumulator; SumRanks into a
+  // caller's lanes, which the fused two-shot normalizes unrounded.
+  template <typename Source>
+  __device__ __forceinline__ static void SumRanks(int world, Source&& source, Acc* sum) {
+    V::Unpack(source(0), sum);
+    Acc x[V::kLanes];
+    for (int s = 1; s < world; ++s) {
+      V::Unpack(source(s), x);
+#pragma unroll
+      for (int i = 0; i < V::kLanes; ++i) sum[i] = Lanes::Apply(sum[i], x[i]);
+    }
+  }
+  template <typename Source>
+  __device__ __forceinline__ void AddRanks(int world, Source&& source) {
+    SumRanks(world, source, acc);
   }
 
   // Rounded once to the element type; avg divides the float32 sum once
@@ -131,16 +142,6 @@ __device__ __forceinline__ void DispatchAccumulator(Dtype dtype, int op, Fn&& fn
       fn(TypedAccumulator<decltype(tag)::kDtype, decltype(lanes)>{});
     });
   });
-}
-
-// Adds source(s), rank s's vector, for every rank in rank order: the
-// reduction of kernels that hold every rank's vector at hand (the plain
-// two-shot's, after its flags), with no wait between the ranks.
-template <typename Typed, typename Source>
-__device__ __forceinline__ void AddRanks(Typed& typed, int world, Source&& source) {
-  // Rank 0 apart, so that no rank's Add tests whether it starts the sum.
-  typed.Add(OneVector{source(0), 0, 1});
-  for (int s = 1; s < world; ++s) typed.Add(OneVector{source(s), s, 1});
 }
 
 }  // namespace jax_ar::gpu

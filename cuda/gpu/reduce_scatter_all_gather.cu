@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       const uint4 mine = LoadPart(own + 16 * v, valid);
       uint4 result;
       DispatchAccumulator(a.dtype, a.op, [&](auto typed) {
-        AddRanks(typed, a.world, [&](int s) {
+        typed.AddRanks(a.world, [&](int s) {
           return s == a.rank ? mine : LoadShared16(ChunkSlot(a, a.rank, parity, s) + 16 * v);
         });
         result = typed.Result(a.op, a.world);
