@@ -3,7 +3,8 @@
 // array and the op are read at run time and dispatched once per vector
 // (DispatchAccumulator): in the LL kernels around the vector's waits (one
 // copy of their wait loops per element type and op), in the plain two-shot,
-// which waits per block, around the sum of every rank's vector.
+// which waits per block, around the sum of every rank's vector. A one-shot
+// launch of one array runs an instance of its element type and op instead.
 //
 // one-shot      Each thread owns 16-byte vectors of the message. It sends
 //               all of them to every peer as LL packets (slot `rank` of the
@@ -37,6 +38,8 @@
 // has finished launch n (kernels of a stream run in order) and no longer
 // reads that half.
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "gpu/kernels.h"
 #include "gpu/numeric.cuh"
@@ -93,7 +96,14 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
   }
 }
 
-template <int kSegments, OneShotPart kPart = OneShotPart::kAll>
+// Fixed: void reads each vector's element type and the op at run time
+// (DispatchAccumulator, twelve copies of the wait loop); a
+// TypedAccumulator<D, Lanes> is an instance for one-array launches of that
+// type and op, which the host picks (TypedOneShotKernel): a quarter of the
+// code and 76-80 registers against 130, and 1-10% faster a call at 2, 4
+// and 8 ranks, 1-256 KB (23 of 24 cells over two runs, 2026-12-02,
+// docs/gpu.md "Latency, seventh push").
+template <int kSegments, OneShotPart kPart = OneShotPart::kAll, typename Fixed = void>
 __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   constexpr bool kHeader = kPart == OneShotPart::kAll;
@@ -133,13 +143,19 @@ __global__ void __launch_bounds__(kOneShotMaxThreads, 1)
                                 [&](const RankBatch<1>& batch) { sum.Add(batch); });
     };
     if constexpr (kSum) {
-      // Element type and op dispatched once per vector, around its waits:
-      // 1-5% faster than once per peer's step at 2, 4 and 8 ranks, 1-256 KB
-      // (2026-12-02, docs/gpu.md).
-      DispatchAccumulator(DtypeAt(a, 16 * v, hint), a.op, [&](auto typed) {
+      if constexpr (std::is_void_v<Fixed>) {
+        // Element type and op dispatched once per vector, around its waits:
+        // 1-5% faster than once per peer's step at 2, 4 and 8 ranks, 1-256
+        // KB (2026-12-02, docs/gpu.md).
+        DispatchAccumulator(DtypeAt(a, 16 * v, hint), a.op, [&](auto typed) {
+          ok = take(typed);
+          if (ok) StorePacked(a, 16 * v, typed.Result(a.op, a.world), hint);
+        });
+      } else {
+        Fixed typed;
         ok = take(typed);
         if (ok) StorePacked(a, 16 * v, typed.Result(a.op, a.world), hint);
-      });
+      }
     } else {
       XorAccumulator x;  // no arithmetic, no element type
       ok = take(x);
@@ -352,12 +368,42 @@ cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, in
   return cudaErrorInvalidValue;
 }
 
+// The one-shot instance of a one-array launch of element type D and op `op`
+// (avg sums, as the dispatched kernel does; Result divides).
+template <Dtype D>
+constexpr void (*TypedOneShotOf(int op))(AllReduceArgs<1>) {
+  switch (op) {
+    case static_cast<int>(ReduceOp::kMax):
+      return OneShotKernel<1, OneShotPart::kAll, TypedAccumulator<D, MaxLanes>>;
+    case static_cast<int>(ReduceOp::kMin):
+      return OneShotKernel<1, OneShotPart::kAll, TypedAccumulator<D, MinLanes>>;
+    default:
+      return OneShotKernel<1, OneShotPart::kAll, TypedAccumulator<D, SumLanes>>;
+  }
+}
+
+void (*TypedOneShotKernel(Dtype dtype, int op))(AllReduceArgs<1>) {
+  switch (dtype) {
+    case Dtype::kBF16: return TypedOneShotOf<Dtype::kBF16>(op);
+    case Dtype::kF16: return TypedOneShotOf<Dtype::kF16>(op);
+    case Dtype::kS32: return TypedOneShotOf<Dtype::kS32>(op);
+    default: return TypedOneShotOf<Dtype::kF32>(op);
+  }
+}
+
 template <int kSegments>
 cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
                    int threads, cudaStream_t stream) {
   switch (kernel) {
     case AllReduceKernel::kOneShot:
-      OneShotKernel<kSegments><<<blocks, threads, 0, stream>>>(args);
+      if constexpr (kSegments == 1) {
+        const auto typed = TypedOneShotKernel(args.segments[0].dtype, args.op);
+        void* params[] = {const_cast<AllReduceArgs<1>*>(&args)};
+        return cudaLaunchKernel(reinterpret_cast<const void*>(typed), dim3(blocks),
+                                dim3(threads), params, 0, stream);
+      } else {
+        OneShotKernel<kSegments><<<blocks, threads, 0, stream>>>(args);
+      }
       break;
     case AllReduceKernel::kTwoShotLL:
       TwoShotLLKernel<kSegments><<<blocks, kOneShotThreads, 0, stream>>>(args);
@@ -406,7 +452,6 @@ cudaError_t WriteLocalControl(int slot, const LocalControl& value, cudaStream_t 
 cudaError_t LoadKernels() {
   cudaFuncAttributes attributes;
   for (const void* kernel : {
-           reinterpret_cast<const void*>(OneShotKernel<1>),
            reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotLLKernel<1>),
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
@@ -421,6 +466,13 @@ cudaError_t LoadKernels() {
     const cudaError_t err =
         cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k.kernel));
     if (err != cudaSuccess) return err;
+  }
+  for (Dtype d : {Dtype::kF32, Dtype::kBF16, Dtype::kF16, Dtype::kS32}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+      const cudaError_t err = cudaFuncGetAttributes(
+          &attributes, reinterpret_cast<const void*>(TypedOneShotKernel(d, static_cast<int>(op))));
+      if (err != cudaSuccess) return err;
+    }
   }
   return cudaSuccess;
 }

@@ -16,6 +16,9 @@ namespace jax_ar::gpu {
 // probe's data-path ladder (protocol_probe.h), less: no call header; no
 // header and the words xor-ed instead of summed (input loads and output
 // stores kept); no header, no loads, no stores, only the packets' exchange.
+// A call's one-shot of one array runs the instance of its element type and
+// op; the probe's parts, like launches of several arrays, read both at run
+// time (so kNoHeader also differs from kAll by that dispatch).
 enum class OneShotPart { kAll, kNoHeader, kNoReduce, kPacketsOnly };
 
 // Launches one protocol instance on `stream` (a launch of one array passes
