@@ -368,10 +368,12 @@ cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, in
   return cudaErrorInvalidValue;
 }
 
+using OneArrayKernel = void (*)(AllReduceArgs<1>);
+
 // The one-shot instance of a one-array launch of element type D and op `op`
 // (avg sums, as the dispatched kernel does; Result divides).
 template <Dtype D>
-constexpr void (*TypedOneShotOf(int op))(AllReduceArgs<1>) {
+constexpr OneArrayKernel TypedOneShotOf(int op) {
   switch (op) {
     case static_cast<int>(ReduceOp::kMax):
       return OneShotKernel<1, OneShotPart::kAll, TypedAccumulator<D, MaxLanes>>;
@@ -382,7 +384,7 @@ constexpr void (*TypedOneShotOf(int op))(AllReduceArgs<1>) {
   }
 }
 
-void (*TypedOneShotKernel(Dtype dtype, int op))(AllReduceArgs<1>) {
+OneArrayKernel TypedOneShotKernel(Dtype dtype, int op) {
   switch (dtype) {
     case Dtype::kBF16: return TypedOneShotOf<Dtype::kBF16>(op);
     case Dtype::kF16: return TypedOneShotOf<Dtype::kF16>(op);
