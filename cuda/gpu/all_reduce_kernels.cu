@@ -344,12 +344,22 @@ __global__ void ProbeKernel(const __grid_constant__ ProbeArgs a) {
   result->status = kProbeOk;
 }
 
+using OneArrayKernel = void (*)(AllReduceArgs<1>);
+
+// Launches `kernel`, one of the one-array kernels picked at run time.
+cudaError_t LaunchOneArray(OneArrayKernel kernel, const AllReduceArgs<1>& args, int blocks,
+                           int threads, cudaStream_t stream) {
+  void* params[] = {const_cast<AllReduceArgs<1>*>(&args)};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(threads),
+                          params, 0, stream);
+}
+
 // The protocol probe's one-shots that leave a piece out or change one
 // (kernels.h OneShotPart; one array a launch only): launched and loaded
 // from this one list.
 struct OneShotPartKernel {
   OneShotPart part;
-  void (*kernel)(AllReduceArgs<1>);
+  OneArrayKernel kernel;
 };
 constexpr OneShotPartKernel kOneShotPartKernels[] = {
     {OneShotPart::kNoHeader, OneShotKernel<1, OneShotPart::kNoHeader>},
@@ -360,15 +370,10 @@ constexpr OneShotPartKernel kOneShotPartKernels[] = {
 cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, int blocks,
                               int threads, cudaStream_t stream) {
   for (const OneShotPartKernel& k : kOneShotPartKernels) {
-    if (k.part != part) continue;
-    void* params[] = {const_cast<AllReduceArgs<1>*>(&args)};
-    return cudaLaunchKernel(reinterpret_cast<const void*>(k.kernel), dim3(blocks), dim3(threads),
-                            params, 0, stream);
+    if (k.part == part) return LaunchOneArray(k.kernel, args, blocks, threads, stream);
   }
   return cudaErrorInvalidValue;
 }
-
-using OneArrayKernel = void (*)(AllReduceArgs<1>);
 
 // The one-shot instance of a one-array launch of element type D and op `op`
 // (avg sums, as the dispatched kernel does; Result divides).
@@ -399,10 +404,8 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
   switch (kernel) {
     case AllReduceKernel::kOneShot:
       if constexpr (kSegments == 1) {
-        const auto typed = TypedOneShotKernel(args.segments[0].dtype, args.op);
-        void* params[] = {const_cast<AllReduceArgs<1>*>(&args)};
-        return cudaLaunchKernel(reinterpret_cast<const void*>(typed), dim3(blocks),
-                                dim3(threads), params, 0, stream);
+        return LaunchOneArray(TypedOneShotKernel(args.segments[0].dtype, args.op), args, blocks,
+                              threads, stream);
       } else {
         OneShotKernel<kSegments><<<blocks, threads, 0, stream>>>(args);
       }

@@ -19,10 +19,10 @@ __device__ __forceinline__ bool SignBit(float v) { return (__float_as_uint(v) >>
 
 // The ways lanes combine, one type each (avg sums; Result scales), so that
 // the op is dispatched once per vector of a reduction (DispatchAccumulator)
-// and each lane is straight-line code. A switch on the op inside the lane loop measured
-// 0.8-1.3 us a call per peer's step at 2-8 ranks: the one-shot summing took
-// 5.2 us against 3.9 with the words xor-ed, at 2 ranks and 1 KB
-// (2026-12-02, docs/gpu.md).
+// and each lane is straight-line code. A switch on the op inside the lane
+// loop measured 0.8-1.3 us a call per peer's step at 2-8 ranks: the
+// one-shot summing took 5.2 us against 3.9 with the words xor-ed, at 2
+// ranks and 1 KB (2026-12-02, docs/gpu.md).
 struct SumLanes {
   __device__ static __forceinline__ float Apply(float a, float b) { return __fadd_rn(a, b); }
   __device__ static __forceinline__ int32_t Apply(int32_t a, int32_t b) {
