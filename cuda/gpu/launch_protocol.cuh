@@ -166,6 +166,7 @@ struct LaunchContext {
   int parity;         // launch & 1: the data half this launch uses
   bool live;
   uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
+  uint32_t told;     // thread 0 only: this rank's failure word (Abort) at the start
 };
 
 // Outputs of a launch that cannot run: all-ones bits.
@@ -180,10 +181,17 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 // Every block, first thing: the launch number, or live=false when the launch
 // is stale or the rank aborted (then nothing else may be touched). Block 0
 // also claims the number; the claim is checked only at the end (CheckAlone).
+// Thread 0 of a live launch also reads the failure word that peers raise in
+// this rank's workspace (Abort), acted on at the end (FinishLaunch): the
+// read goes out here, once the token says the workspace is ours, so that
+// its round trip is over before the launch ends (read at the end, it cost
+// 0.3-0.5 us a call at 2, 4 and 8 ranks, docs/gpu.md "Latency, eighth
+// push").
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
   uint64_t claimed = 0;
+  uint32_t told = 0;
   if (threadIdx.x == 0) {
     const uint64_t token = LoadVolatile64(&a.local->token);
     const uint64_t completed = LoadVolatile64(&a.local->completed[blockIdx.x]);
@@ -193,6 +201,7 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
       ReportFailure(a, abort, completed + 1);
       live = 0;
     }
+    if (live) told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
     if (live && blockIdx.x == 0) {
       claimed = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull) + 1;
     }
@@ -202,7 +211,7 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __syncthreads();
   const uint64_t launch = s_launch;
   return {launch, DataFlags(launch, a.signature), static_cast<int>(launch & 1), s_live != 0,
-          claimed};
+          claimed, told};
 }
 
 // Call headers: block 0's threads 0..world-1 each send the launch signature
@@ -248,18 +257,17 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
 // another, and none needs to know whether it is the last (no atomic, no
 // fence; measured as fast as one counter that the last block stores after
 // an atomic count, docs/gpu.md). The next launch of the stream starts only
-// once this one has finished. Thread 0 reads the failure word peers raise
-// in this rank's workspace (Abort): a launch whose data all arrived never
-// polls long enough to see a failure a peer told this rank about (a peer
-// may time out after sending), and the next launches must know the
-// communicator broke. The read goes out before the block's barrier, so its
-// round trip overlaps the wait for the block's other threads.
+// once this one has finished. Thread 0 acts on the failure word that peers
+// raise in this rank's workspace, as BeginLaunch read it: a launch whose
+// data all arrived never polls long enough to see a failure a peer told
+// this rank about (a peer may time out after sending), and the next
+// launches must know the communicator broke. A word raised after that
+// read is seen by the next launch (its start, or its first check of a
+// wait, Waiter); one raised after the last launch's end never was.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
-  const uint32_t told =
-      threadIdx.x == 0 ? LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort) : 0u;
   CheckAlone(a, ctx);
+  if (threadIdx.x == 0 && ctx.told != 0) Abort(a, ctx.told, ctx.launch);
   __syncthreads();
-  if (told != 0) Abort(a, told, ctx.launch);
   for (uint32_t c = blockIdx.x + threadIdx.x * gridDim.x; c < kMaxBlocks;
        c += blockDim.x * gridDim.x) {
     StoreVolatile64(&a.local->completed[c], ctx.launch);
