@@ -3,7 +3,7 @@
 // array and the op are read at run time and dispatched once per vector
 // (DispatchAccumulator): in the LL kernels around the vector's waits (one
 // copy of their wait loops per element type and op), in the plain two-shot,
-// which waits per block, around the sum of every rank's vector. A one-shot
+// which waits per block, around the sum of every rank's vector. An LL
 // launch of one array runs an instance of its element type and op instead.
 //
 // one-shot      Each thread owns 16-byte vectors of the message. It sends
@@ -99,7 +99,7 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 // Fixed: void reads each vector's element type and the op at run time
 // (DispatchAccumulator, twelve copies of the wait loop); a
 // TypedAccumulator<D, Lanes> is an instance for one-array launches of that
-// type and op, which the host picks (TypedOneShotKernel): a quarter of the
+// type and op, which the host picks (TypedKernel): a quarter of the
 // code and 76-80 registers against 130, and 1-10% faster a call at 2, 4
 // and 8 ranks, 1-256 KB (23 of 24 cells over two runs, 2026-12-02,
 // docs/gpu.md "Latency, seventh push").
@@ -173,7 +173,11 @@ __device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint6
   return static_cast<uint64_t>(phase) * a.world * slot_bytes;
 }
 
-template <int kSegments>
+// Fixed as OneShotKernel's: the typed instances were 2.6-9% faster a call
+// than the dispatching kernel at 2, 4 and 8 ranks, 1-256 KB (11 of 12
+// cells; 0.1% at 4 ranks and 1 KB; 2026-12-02, docs/gpu.md "Latency,
+// eighth push").
+template <int kSegments, typename Fixed = void>
 __global__ void __launch_bounds__(kOneShotThreads, 2)
     TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   // One peer's packets at a time, as the one-shot: every peer's in flight
@@ -205,13 +209,19 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   for (uint64_t v = first; v < vectors && ok; v += stride) {
     const uint64_t mine_at = a.rank * chunk + 16 * v;
     const uint4 mine = LoadPacked(a, mine_at, hint);
-    // Element type and op dispatched once per vector, as in the one-shot.
     uint4 reduced;
-    DispatchAccumulator(DtypeAt(a, mine_at, hint), a.op, [&](auto typed) {
+    const auto reduce = [&](auto typed) {
       ok = TakeInRankOrder<kWidth>(a, parts, a.slot_bytes, 2 * v, ctx.flags, waiter, mine,
                                    [&](const RankBatch<kWidth>& batch) { typed.Add(batch); });
       if (ok) reduced = typed.Result(a.op, a.world);
-    });
+    };
+    // Element type and op dispatched once per vector, as in the one-shot,
+    // unless fixed.
+    if constexpr (std::is_void_v<Fixed>) {
+      DispatchAccumulator(DtypeAt(a, mine_at, hint), a.op, reduce);
+    } else {
+      reduce(Fixed{});
+    }
     if (!ok) break;
     StorePacked(a, mine_at, reduced, hint);
     SendPacketPair(a, ctx.parity, a.slot_bytes, 2 * v, reduced, ctx.flags, phase1);
@@ -375,26 +385,35 @@ cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, in
   return cudaErrorInvalidValue;
 }
 
-// The one-shot instance of a one-array launch of element type D and op `op`
-// (avg sums, as the dispatched kernel does; Result divides).
-template <Dtype D>
-constexpr OneArrayKernel TypedOneShotOf(int op) {
+// The LL kernels' instances for one-array launches, by their Fixed
+// accumulator.
+template <typename Fixed>
+struct OneShotOf {
+  static constexpr OneArrayKernel kKernel = OneShotKernel<1, OneShotPart::kAll, Fixed>;
+};
+template <typename Fixed>
+struct TwoShotLLOf {
+  static constexpr OneArrayKernel kKernel = TwoShotLLKernel<1, Fixed>;
+};
+
+// Kernel Of's instance for a one-array launch of element type D and op `op`
+// (avg sums, as the dispatching kernels do; Result divides).
+template <template <typename> class Of, Dtype D>
+constexpr OneArrayKernel TypedOf(int op) {
   switch (op) {
-    case static_cast<int>(ReduceOp::kMax):
-      return OneShotKernel<1, OneShotPart::kAll, TypedAccumulator<D, MaxLanes>>;
-    case static_cast<int>(ReduceOp::kMin):
-      return OneShotKernel<1, OneShotPart::kAll, TypedAccumulator<D, MinLanes>>;
-    default:
-      return OneShotKernel<1, OneShotPart::kAll, TypedAccumulator<D, SumLanes>>;
+    case static_cast<int>(ReduceOp::kMax): return Of<TypedAccumulator<D, MaxLanes>>::kKernel;
+    case static_cast<int>(ReduceOp::kMin): return Of<TypedAccumulator<D, MinLanes>>::kKernel;
+    default: return Of<TypedAccumulator<D, SumLanes>>::kKernel;
   }
 }
 
-OneArrayKernel TypedOneShotKernel(Dtype dtype, int op) {
+template <template <typename> class Of>
+OneArrayKernel TypedKernel(Dtype dtype, int op) {
   switch (dtype) {
-    case Dtype::kBF16: return TypedOneShotOf<Dtype::kBF16>(op);
-    case Dtype::kF16: return TypedOneShotOf<Dtype::kF16>(op);
-    case Dtype::kS32: return TypedOneShotOf<Dtype::kS32>(op);
-    default: return TypedOneShotOf<Dtype::kF32>(op);
+    case Dtype::kBF16: return TypedOf<Of, Dtype::kBF16>(op);
+    case Dtype::kF16: return TypedOf<Of, Dtype::kF16>(op);
+    case Dtype::kS32: return TypedOf<Of, Dtype::kS32>(op);
+    default: return TypedOf<Of, Dtype::kF32>(op);
   }
 }
 
@@ -404,14 +423,19 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
   switch (kernel) {
     case AllReduceKernel::kOneShot:
       if constexpr (kSegments == 1) {
-        return LaunchOneArray(TypedOneShotKernel(args.segments[0].dtype, args.op), args, blocks,
-                              threads, stream);
+        return LaunchOneArray(TypedKernel<OneShotOf>(args.segments[0].dtype, args.op), args,
+                              blocks, threads, stream);
       } else {
         OneShotKernel<kSegments><<<blocks, threads, 0, stream>>>(args);
       }
       break;
     case AllReduceKernel::kTwoShotLL:
-      TwoShotLLKernel<kSegments><<<blocks, kOneShotThreads, 0, stream>>>(args);
+      if constexpr (kSegments == 1) {
+        return LaunchOneArray(TypedKernel<TwoShotLLOf>(args.segments[0].dtype, args.op), args,
+                              blocks, kOneShotThreads, stream);
+      } else {
+        TwoShotLLKernel<kSegments><<<blocks, kOneShotThreads, 0, stream>>>(args);
+      }
       break;
     case AllReduceKernel::kTwoShotPlain:
       TwoShotKernel<kSegments><<<blocks, kTwoShotThreads, 0, stream>>>(args);
@@ -458,7 +482,6 @@ cudaError_t LoadKernels() {
   cudaFuncAttributes attributes;
   for (const void* kernel : {
            reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
-           reinterpret_cast<const void*>(TwoShotLLKernel<1>),
            reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
            reinterpret_cast<const void*>(TwoShotKernel<1>),
            reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
@@ -474,9 +497,11 @@ cudaError_t LoadKernels() {
   }
   for (Dtype d : {Dtype::kF32, Dtype::kBF16, Dtype::kF16, Dtype::kS32}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
-      const cudaError_t err = cudaFuncGetAttributes(
-          &attributes, reinterpret_cast<const void*>(TypedOneShotKernel(d, static_cast<int>(op))));
-      if (err != cudaSuccess) return err;
+      for (OneArrayKernel k : {TypedKernel<OneShotOf>(d, static_cast<int>(op)),
+                               TypedKernel<TwoShotLLOf>(d, static_cast<int>(op))}) {
+        const cudaError_t err = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k));
+        if (err != cudaSuccess) return err;
+      }
     }
   }
   return cudaSuccess;
