@@ -184,9 +184,10 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 // Thread 0 of a live launch also reads the failure word that peers raise in
 // this rank's workspace (Abort), acted on at the end (FinishLaunch): the
 // read goes out here, once the token says the workspace is ours, so that
-// its round trip is over before the launch ends (read at the end, it cost
-// 0.3-0.5 us a call at 2, 4 and 8 ranks, docs/gpu.md "Latency, eighth
-// push").
+// its round trip is over before the launch ends. Read at the end, it was a
+// round trip after the block's last wait (moved here, the one-shot was
+// 0.06-0.27 us a call faster at 2 ranks, -7% to +2% at 4 and -5% to +2%
+// at 8, docs/gpu.md "Latency, eighth push").
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
