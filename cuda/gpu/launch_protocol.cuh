@@ -165,7 +165,7 @@ struct LaunchContext {
   PacketFlags flags;  // what this launch's LL data packets carry (DataFlags)
   int parity;         // launch & 1: the data half this launch uses
   bool live;
-  uint64_t claimed;  // block 0, thread 0 only: the launch it claimed
+  uint64_t started_before;  // block 0, thread 0 only: LocalControl::started before its claim
   uint32_t told;     // thread 0 only: this rank's failure word (Abort) at the start
 };
 
@@ -191,7 +191,7 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
-  uint64_t claimed = 0;
+  uint64_t started_before = 0;
   uint32_t told = 0;
   if (threadIdx.x == 0) {
     const uint64_t token = LoadVolatile64(&a.local->token);
@@ -204,7 +204,10 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
     }
     if (live) told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
     if (live && blockIdx.x == 0) {
-      claimed = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull) + 1;
+      // The count before the claim, compared only at the end (CheckAlone):
+      // adding 1 here made the thread wait for the atomic's round trip
+      // before the block's barrier (SASS).
+      started_before = atomicAdd(reinterpret_cast<unsigned long long*>(&a.local->started), 1ull);
     }
     s_launch = completed + 1;
     s_live = live;
@@ -212,7 +215,7 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __syncthreads();
   const uint64_t launch = s_launch;
   return {launch, DataFlags(launch, a.signature), static_cast<int>(launch & 1), s_live != 0,
-          claimed, told};
+          started_before, told};
 }
 
 // Call headers: block 0's threads 0..world-1 each send the launch signature
@@ -246,7 +249,7 @@ __device__ __forceinline__ bool StartLaunch(const ProtocolArgs& a, LaunchContext
 // device (XLA scheduled two calls concurrently) and both may have used the
 // same buffers: the communicator fails instead of returning mixed data.
 __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ctx) {
-  if (blockIdx.x == 0 && threadIdx.x == 0 && ctx.claimed != ctx.launch) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && ctx.started_before + 1 != ctx.launch) {
     Abort(a, EncodeAbort(kConcurrent, a.rank, a.rank, a.operation), ctx.launch);
   }
 }
