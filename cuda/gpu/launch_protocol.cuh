@@ -166,6 +166,7 @@ struct LaunchContext {
   int parity;         // launch & 1: the data half this launch uses
   bool live;
   uint64_t started_before;  // block 0, thread 0 only: LocalControl::started before its claim
+  uint32_t told;     // thread 0 only: this rank's failure word (Abort) at the start
 };
 
 // Outputs of a launch that cannot run: all-ones bits.
@@ -180,10 +181,18 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 // Every block, first thing: the launch number, or live=false when the launch
 // is stale or the rank aborted (then nothing else may be touched). Block 0
 // also claims the number; the claim is checked only at the end (CheckAlone).
+// Thread 0 of a live launch also reads the failure word that peers raise in
+// this rank's workspace (Abort), acted on at the end (FinishLaunch): the
+// read goes out here, once the token says the workspace is ours, so that
+// its round trip is over before the launch ends. Read at the end, it was a
+// round trip after the block's last wait (moved here, the one-shot was
+// 0.06-0.27 us a call faster at 2 ranks, -7% to +2% at 4 and -5% to +2%
+// at 8, docs/gpu.md "Latency, eighth push").
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
   uint64_t started_before = 0;
+  uint32_t told = 0;
   if (threadIdx.x == 0) {
     const uint64_t token = LoadVolatile64(&a.local->token);
     const uint64_t completed = LoadVolatile64(&a.local->completed[blockIdx.x]);
@@ -193,6 +202,7 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
       ReportFailure(a, abort, completed + 1);
       live = 0;
     }
+    if (live) told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
     if (live && blockIdx.x == 0) {
       // The count before the claim, compared only at the end (CheckAlone):
       // adding 1 here made the thread wait for the atomic's round trip
@@ -205,7 +215,7 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __syncthreads();
   const uint64_t launch = s_launch;
   return {launch, DataFlags(launch, a.signature), static_cast<int>(launch & 1), s_live != 0,
-          started_before};
+          started_before, told};
 }
 
 // Call headers: block 0's threads 0..world-1 each send the launch signature
@@ -251,14 +261,16 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
 // another, and none needs to know whether it is the last (no atomic, no
 // fence; measured as fast as one counter that the last block stores after
 // an atomic count, docs/gpu.md). The next launch of the stream starts only
-// once this one has finished. A launch does not read the failure word that
-// peers raise in this rank's workspace (Abort) itself: a peer that told
-// this rank sends nothing more (its later launches are not live), so the
-// next launch's first wait for that peer reads the word within 32 polls
-// (Waiter). Reading it at every launch's start cost the one-shot 0.1-0.5 us
-// a call at 1 KB (docs/gpu.md "Latency, ninth push").
+// once this one has finished. Thread 0 acts on the failure word that peers
+// raise in this rank's workspace, as BeginLaunch read it: a launch whose
+// data all arrived never polls long enough to see a failure a peer told
+// this rank about (a peer may time out after sending), and the next
+// launches must know the communicator broke. A word raised after that
+// read is seen by the next launch (its start, or its first check of a
+// wait, Waiter); one raised after the last launch's end never was.
 __device__ inline void FinishLaunch(const ProtocolArgs& a, const LaunchContext& ctx) {
   CheckAlone(a, ctx);
+  if (threadIdx.x == 0 && ctx.told != 0) Abort(a, ctx.told, ctx.launch);
   __syncthreads();
   for (uint32_t c = blockIdx.x + threadIdx.x * gridDim.x; c < kMaxBlocks;
        c += blockDim.x * gridDim.x) {
