@@ -22,6 +22,7 @@ namespace jax_ar::gpu {
 
 void FillProtocolArgs(const RankState& state, Operation operation, ProtocolArgs& a) {
   for (int r = 0; r < state.world; ++r) a.workspaces[r] = state.workspaces[r];
+  a.own_control = reinterpret_cast<PeerControl*>(state.workspaces[state.rank]);
   a.local = state.local;
   a.record = state.record_device;
   a.token = state.token;

@@ -127,7 +127,7 @@ class Waiter {
       ReportFailure(a_, mine, launch_);
       return false;
     }
-    const uint32_t told = LoadVolatile32(&ControlOf(a_.workspaces[a_.rank])->abort);
+    const uint32_t told = LoadVolatile32(&a_.own_control->abort);
     if (told != 0) {
       Abort(a_, told, launch_);
       return false;
@@ -202,7 +202,7 @@ __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
       ReportFailure(a, abort, completed + 1);
       live = 0;
     }
-    if (live) told = LoadVolatile32(&ControlOf(a.workspaces[a.rank])->abort);
+    if (live) told = LoadVolatile32(&a.own_control->abort);
     if (live && blockIdx.x == 0) {
       // The count before the claim, compared only at the end (CheckAlone):
       // adding 1 here made the thread wait for the atomic's round trip
@@ -317,7 +317,7 @@ __device__ __forceinline__ bool WaitForPeers(const ProtocolArgs& a, int phase, W
   bool ok = true;
   const int peer = threadIdx.x;
   if (peer < a.world && peer != a.rank) {
-    const uint64_t* flag = &ControlOf(a.workspaces[a.rank])->flags[phase][peer][blockIdx.x];
+    const uint64_t* flag = &a.own_control->flags[phase][peer][blockIdx.x];
     while (LoadAcquireSys(flag) < waiter.launch()) {
       if (!waiter.KeepWaiting(peer)) {
         ok = false;

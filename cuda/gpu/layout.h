@@ -189,6 +189,10 @@ struct SegmentArg {
 // What every launch's protocol needs (launch_protocol.cuh).
 struct ProtocolArgs {
   std::byte* workspaces[kMaxRanks];  // as this device addresses them; [rank] is ours
+  // workspaces[rank]'s control block, where peers raise the failure word: a
+  // launch's start reads it without an indexed parameter load, whose
+  // constant-cache miss held up the start (docs/gpu.md "Latency, ninth push").
+  PeerControl* own_control;
   LocalControl* local;               // our slot of the never-freed table
   FailureRecord* record;             // host-mapped, device address
   uint64_t token;                    // must equal local->token, else the launch is stale
