@@ -189,9 +189,11 @@ struct SegmentArg {
 // What every launch's protocol needs (launch_protocol.cuh).
 struct ProtocolArgs {
   std::byte* workspaces[kMaxRanks];  // as this device addresses them; [rank] is ours
-  // workspaces[rank]'s control block, where peers raise the failure word: a
-  // launch's start reads it without an indexed parameter load, whose
-  // constant-cache miss held up the start (docs/gpu.md "Latency, ninth push").
+  // workspaces[rank]'s control block, where peers raise the failure word. A
+  // launch's start reads the word; through workspaces[a.rank] its address
+  // took two dependent constant loads (the second indexed by the rank) on
+  // thread 0's way to the block's barrier (SASS; docs/gpu.md "Latency, ninth
+  // push").
   PeerControl* own_control;
   LocalControl* local;               // our slot of the never-freed table
   FailureRecord* record;             // host-mapped, device address
