@@ -45,7 +45,10 @@ template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
-  __shared__ double partials[kMaxThreadsPerRow / 32];
+  // Clustered rows: one copy for each of the row's sums (ClusterRowSum).
+  __shared__ double partials[(kCluster ? kRowSumCopies : 1) * kMaxThreadsPerRow / 32];
+  // Peers' stores into this block's partials wait for this (ClusterWait below).
+  if constexpr (kCluster) ClusterArriveRelaxed();
   const int tpr = a.threads_per_row;
   const int lane = RowLane<kCluster>(a);
   const int rows_at_once = kCluster ? 1 : blockDim.x / tpr;
@@ -99,6 +102,10 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
       SendPacketPair(a, parity, a.slot_bytes, 2 * (row * a.row_vectors + i), v, flags);
     }
   }
+  // Every block of the cluster has started: their partials may be written.
+  // A cluster has one row (the launch has a cluster a row), so its loop
+  // below runs once and each copy of partials is written once.
+  if constexpr (kCluster) ClusterWait();
   for (int64_t base = first_base; base < a.rows; base += base_stride) {
     const int64_t row = base + threadIdx.x / tpr;
     const bool active = row < a.rows;

@@ -115,13 +115,18 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
 
 // The inverse RMS of this thread's row, over its block's threads or, for a
 // row that spans a cluster (kCluster), over the cluster's. Every thread of
-// the block (of the cluster) must call it together.
+// the block (of the cluster) must call it together. `partials` holds
+// kRowSumCopies * kMaxThreadsPerRow / 32 values; `nth` (0 or 1) is which of
+// the row's sums this is: clustered rows write the nth copy
+// (ClusterRowSum), one-block rows the first, behind a barrier.
+inline constexpr int kRowSumCopies = 2;
 template <bool kCluster>
 __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, double sum_of_squares,
-                                                 int hidden, int lane, double* partials) {
+                                                 int hidden, int lane, double* partials, int nth) {
   const int tpr = a.threads_per_row;
   if constexpr (kCluster) {
-    const double total = ClusterRowSum(sum_of_squares, tpr, lane, partials);
+    const double total =
+        ClusterRowSum(sum_of_squares, tpr, lane, partials + nth * (kMaxThreadsPerRow / 32));
     return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
   } else {
     // Blocks loop over rows: partials are written again by the next row.
@@ -137,7 +142,8 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, dou
 // residual_out words (R rounded) go to emit_residual(i, words); the
 // normalized lanes go to emit_out(i, y). Every thread of the block (of the
 // cluster, with kCluster) must call it together (InverseRmsOfRow
-// synchronizes).
+// synchronizes); with kCluster once a launch, after every block of the
+// cluster started (ClusterRowSum: its copies are not written twice).
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, typename Reduce,
           typename EmitResidual, typename EmitOut>
 __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
@@ -211,7 +217,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       AddSquares<kLanes>(t[k], post_sum_of_squares);
     }
     const float post_inv_rms =
-        InverseRmsOfRow<kCluster>(a, post_sum_of_squares, hidden, lane, partials);
+        InverseRmsOfRow<kCluster>(a, post_sum_of_squares, hidden, lane, partials, 0);
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -233,7 +239,8 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       add_residual(k, i, t);
     }
   }
-  const float inv_rms = InverseRmsOfRow<kCluster>(a, sum_of_squares, hidden, lane, partials);
+  const float inv_rms =
+      InverseRmsOfRow<kCluster>(a, sum_of_squares, hidden, lane, partials, kPostNorm ? 1 : 0);
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = lane + k * tpr;

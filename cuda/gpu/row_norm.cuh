@@ -57,29 +57,43 @@ __device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int 
   return total;
 }
 
+// A cluster barrier in two halves. A kernel whose blocks store into each
+// other's shared memory (ClusterRowSum) arrives at its start and waits
+// before its first such store: a block's shared memory exists only once it
+// runs, and by then the other blocks have long started, so the wait costs
+// nothing. Relaxed: the arrival publishes no memory.
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
 /// RowSum of a row whose threads span the blocks of a cluster (block r of
-/// the cluster holds the row's threads r * blockDim.x ...): every warp's sum
-/// goes to its block's `partials` at the warp's place in the row, and after
-/// a cluster barrier every thread adds them all in the row's warp order
-/// through distributed shared memory, as RowSum adds them within a block
-/// (the same sum, bit for bit, as one block of the same threads_per_row).
-/// Every thread of the cluster must call this together; it ends with a
-/// cluster barrier, so that no block writes `partials` again or exits while
-/// another still reads them.
+/// the cluster holds the row's threads r * blockDim.x ...): lane q of every
+/// warp stores the warp's sum into block q's `copy` at the warp's place in
+/// the row, and after one cluster barrier every block adds its own copy in
+/// the row's warp order, as RowSum adds them within a block (the same sum,
+/// bit for bit, as one block of the same threads_per_row). No load crosses
+/// blocks, and one barrier a sum: loading the other blocks' sums through
+/// distributed shared memory took a barrier before (for the stores) and one
+/// after (no block may write them again or exit while another reads).
+/// Every thread of the cluster must call this together, after every block
+/// started (ClusterArriveRelaxed, ClusterWait); a `copy` may be written
+/// again only after a later ClusterRowSum's barrier, which no block passes
+/// before every block has read it.
 template <typename T>
-__device__ __forceinline__ T ClusterRowSum(T value, int threads_per_row, int lane, T* partials) {
+__device__ __forceinline__ T ClusterRowSum(T value, int threads_per_row, int lane, T* copy) {
   value = WarpSum(value, 32);  // a clustered row is whole warps
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int warps = threads_per_row / 32;
-  const int warps_per_block = static_cast<int>(blockDim.x) / 32;
-  if (lane % 32 == 0) partials[lane / 32] = value;
+  const int blocks = threads_per_row / static_cast<int>(blockDim.x);
+  const int q = lane % 32;  // every lane of the warp holds its sum
+  if (q < blocks) *cluster.map_shared_rank(copy + lane / 32, q) = value;
   cluster.sync();
   T total = 0;
-  for (int w = 0; w < warps; ++w) {
-    total += cluster.map_shared_rank(partials, w / warps_per_block)[w];
-  }
-  cluster.sync();
+  for (int w = 0; w < warps; ++w) total += copy[w];
   return total;
 }
 
