@@ -59,9 +59,10 @@ __device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int 
 
 // A cluster barrier in two halves. A kernel whose blocks store into each
 // other's shared memory (ClusterRowSum) arrives at its start and waits
-// before its first such store: a block's shared memory exists only once it
-// runs, and by then the other blocks have long started, so the wait costs
-// nothing. Relaxed: the arrival publishes no memory.
+// before its first such store, since a block's shared memory exists only
+// once it runs; the blocks of a cluster are scheduled together, so the
+// wait, after the exchange, should find every arrival there. Relaxed: the
+// arrival publishes no memory.
 __device__ __forceinline__ void ClusterArriveRelaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
