@@ -113,13 +113,17 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
   }
 }
 
+// Copies of kMaxThreadsPerRow / 32 warp sums a clustered row's partials
+// hold: one for each of its sums (post-norm and norm; ClusterRowSum writes
+// a copy once).
+inline constexpr int kRowSumCopies = 2;
+
 // The inverse RMS of this thread's row, over its block's threads or, for a
 // row that spans a cluster (kCluster), over the cluster's. Every thread of
-// the block (of the cluster) must call it together. `partials` holds
-// kRowSumCopies * kMaxThreadsPerRow / 32 values; `nth` (0 or 1) is which of
-// the row's sums this is: clustered rows write the nth copy
-// (ClusterRowSum), one-block rows the first, behind a barrier.
-inline constexpr int kRowSumCopies = 2;
+// the block (of the cluster) must call it together. `nth` (0 or 1) is which
+// of the row's sums this is: a clustered row writes the nth of its
+// kRowSumCopies copies in `partials`, a one-block row the one copy it has,
+// behind a barrier.
 template <bool kCluster>
 __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, double sum_of_squares,
                                                  int hidden, int lane, double* partials, int nth) {
