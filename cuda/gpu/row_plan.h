@@ -84,8 +84,8 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // The fused one-shot's plan for a launch of `rows` rows: PlanFusedRow's,
 // with each row's threads spread over a cluster of blocks when every row
 // then has a cluster of its own within `block_cap` blocks: blocks of
-// kMinClusterBlockThreads threads where those clusters fit, else of
-// kClusterBlockThreads. The blocks sum the row's squares through
+// kMinClusterBlockThreads threads where those clusters fit, else of twice
+// as many, up to kMaxClusterBlockThreads. The blocks sum the row's squares through
 // distributed shared memory in the order one block adds them (row_norm.cuh
 // ClusterRowSum), so a row's result is the same either way. Measured on the
 // H200 (docs/gpu.md "Latency, sixth push" and "seventh push"): where each
@@ -94,9 +94,14 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // turns on the capped grid ran up to 2.5x slower at 8-128 tokens. Against
 // 128-thread blocks, 64-thread ones ran 5-9% faster at 8 ranks and one
 // token, 3-5% at 4 ranks and hidden 8192, and within 3% either way at 2
-// ranks (two device sessions).
+// ranks (two device sessions). Where neither fits the cap, clusters of two
+// 256-thread blocks ran 5-17% faster than one 512-thread block a row
+// (hidden 4096 at 32 / 16 / 8 tokens and 2 / 4 / 8 ranks: 7.34 -> 6.98,
+// 10.69 -> 9.69, 17.20 -> 15.61 us; hidden 8192 likewise: 11.42 -> 9.70,
+// 17.75 -> 15.78, 31.60 -> 26.36; "Latency, tenth push").
 inline constexpr int kMinClusterBlockThreads = 64;
 inline constexpr int kClusterBlockThreads = 128;
+inline constexpr int kMaxClusterBlockThreads = 256;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 inline constexpr int kMaxClusterVectorsPerThread = 2;  // clustered kernels are built for 1 and 2
 inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, int64_t rows, int block_cap) {
@@ -104,7 +109,7 @@ inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, int64_t rows, int 
   if (plan.rows_per_block != 1 || plan.vectors_per_thread > kMaxClusterVectorsPerThread) {
     return plan;
   }
-  for (int threads = kMinClusterBlockThreads; threads <= kClusterBlockThreads; threads *= 2) {
+  for (int threads = kMinClusterBlockThreads; threads <= kMaxClusterBlockThreads; threads *= 2) {
     const int blocks = plan.threads_per_row / threads;
     if (blocks >= 2 && blocks <= kMaxClusterBlocks && rows * blocks <= block_cap) {
       plan.blocks_per_row = blocks;
@@ -119,6 +124,9 @@ static_assert(PlanFusedOneShotRow(512, 1, 16).blocks_per_row == 512 / kMinCluste
                   PlanFusedOneShotRow(512, 4, 16).block_threads() == kClusterBlockThreads &&
                   PlanFusedOneShotRow(1024, 1, 16).threads_per_row == kFusedNarrowThreads &&
                   PlanFusedOneShotRow(1024, 1, 16).vectors_per_thread == 2 &&
+                  PlanFusedOneShotRow(512, 8, 16).blocks_per_row == 512 / kMaxClusterBlockThreads &&
+                  PlanFusedOneShotRow(512, 8, 16).block_threads() == kMaxClusterBlockThreads &&
+                  PlanFusedOneShotRow(512, 9, 16).blocks_per_row == 1 &&
                   PlanFusedOneShotRow(512, 64, 16).blocks_per_row == 1 &&
                   PlanFusedOneShotRow(2048, 1, 64).blocks_per_row == 1,
               "fused one-shot clusters: PlanFusedRow's threads, a cluster a row within the cap, "
