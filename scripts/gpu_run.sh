@@ -21,7 +21,8 @@
 #          file, JAX_AR_GPU_PARALLEL (default 2) files at a time (ranks share
 #          the GPU under CUDA MPS; JAX_AR_GPU_TESTS overrides the list), after
 #          the files that kill ranks on purpose, which run alone
-#          (JAX_AR_GPU_ALONE, default tests/test_comm_faults.py)
+#          (JAX_AR_GPU_ALONE, default tests/test_comm_faults.py and
+#          tests/test_cuda_kernels.py)
 #   bench  benchmarks/per_call_overhead.py at 2, 4 and 8 ranks (breakdown
 #          stages at 16 KB), benchmarks/rms_norm_bench.py (one GPU and
 #          --fused at 2 ranks), python -m jax_ar bench at 2 ranks, and
@@ -243,7 +244,14 @@ stage_tests() {
   # Beside test_comm_faults.py, test_cuda_kernels.py's back_to_back rank 1
   # died of CUDA_ERROR_ILLEGAL_ADDRESS in the second that file's kill
   # scenarios ran (2026-12-02), and passed six times when run apart.
-  local alone=" ${JAX_AR_GPU_ALONE:-tests/test_comm_faults.py} " entry key pass
+  # test_cuda_kernels.py runs alone as well: its one-shot of a whole 64 MiB
+  # workspace at 8 ranks launches the whole block budget (layout.h: 128
+  # blocks over the ranks, one an SM), and its ranks spin until every block
+  # is resident; beside another file's spinning kernels each may wait for
+  # SMs the other holds until a deadline passes. That call returned wrong
+  # sums at 8 ranks while test_ops_all_reduce_rms_norm.py ran beside it
+  # (2026-12-03, docs/gpu.md "Latency, eleventh push").
+  local alone=" ${JAX_AR_GPU_ALONE:-tests/test_comm_faults.py tests/test_cuda_kernels.py} " entry key pass
   for pass in alone pool; do
     for entry in "${entries[@]}"; do
       if [[ "$alone" == *" ${entry%@*} "* ]]; then [ $pass = alone ] || continue
