@@ -53,23 +53,22 @@ def _gpu_defaults(n: int) -> dict:
 # fused call up to 256 KB (one-shot there). Not measured, guessed so that
 # the order stays the all-reduce's: two-shot below 1 MB (11 us at the
 # smallest, above one-shot) and one-shot from 1 MB (16 us there, above
-# two-shot, 8 us/MB beyond). The choice these reproduce: fused up to 4 MB
-# (1.1-1.3x faster than the pair), the pair at 8 MB (fused took 1.06-1.15x
-# its time in three runs at 2 and 4 ranks), fused from 16 MB. At 16 MB the
-# runs disagree (fused/pair 1.00 and 1.03 at 2 ranks on 2026-12-01 and
-# 12-02, 0.85 at 2 ranks and 0.88 at 4 measured from outside, 0.95 at 4
-# ranks on 12-02), so the pair's 16 MB point is the fused one times
-# pair/fused over the three 2-rank runs (1.045, sum over sum): fused is then
-# 3% slower in one run and up to 18% faster in the others. Other world
-# sizes: the same curves plus 1 us per rank beyond two on every path, so
-# the choice stays that of two ranks (the 4-rank run of 2026-12-02 agrees:
-# docs/gpu.md). The lead refits these from the next GPU run
-# (`python -m jax_ar tune`).
+# two-shot, 8 us/MB beyond). From 8 MB both curves pass through
+# `bench --op rms_norm` of 2026-12-03 (2 ranks, bfloat16, hidden 4096,
+# commit 59994ac; docs/results/bench_rms_norm_h200_mps_2026-12-03_59994ac.txt):
+# fused 74.0 / 130.5 / 243.9 us, the pair 58.9 / 118.4 / 213.1 at 8 / 16 /
+# 32 MB. The choice these reproduce: fused up to 4 MB (1.1-1.3x faster
+# than the pair), the pair from 8 MB, which that run found faster at every
+# size from 8 to 32 MB at 2 and 4 ranks in bfloat16 and float32 (fused
+# took 1.01-1.26x its time; at 16 MB two runs of 2026-12-02 agree, 1.03-1.12x).
+# Other world sizes: the same curves plus 1 us per rank beyond two on every
+# path, so the choice stays that of two ranks (the 4-rank runs agree:
+# docs/gpu.md). `python -m jax_ar tune` refits them on a machine.
 _GPU_FUSED_ONESHOT = ((8192, 8.0), (262144, 9.7), (1048576, 16.0))
 _GPU_FUSED_TWOSHOT = ((8192, 11.0), (1048576, 13.46), (2097152, 17.24), (4194304, 28.77),
-                      (8388608, 60.95), (16777216, 130.32), (33554432, 203.06))
+                      (8388608, 74.0), (16777216, 130.5), (33554432, 243.9))
 _GPU_COMPOSED = ((131072, 9.5), (262144, 10.48), (1048576, 17.37), (2097152, 19.94),
-                 (4194304, 29.19), (8388608, 54.51), (16777216, 136.2), (33554432, 216.88))
+                 (4194304, 29.19), (8388608, 58.9), (16777216, 118.4), (33554432, 213.1))
 
 
 def _gpu_norm_defaults(n: int) -> dict:
