@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
   // Clustered rows: one copy for each of the row's sums (ClusterRowSum).
-  __shared__ double partials[(kCluster ? kRowSumCopies : 1) * kMaxThreadsPerRow / 32];
+  __shared__ double partials[(kCluster ? kRowSumCopies : 1) * kMaxWarpsPerRow];
   // Peers' stores into this block's partials wait for this (ClusterWait below).
   if constexpr (kCluster) ClusterArriveRelaxed();
   const int tpr = a.threads_per_row;
@@ -152,7 +152,7 @@ template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
-  __shared__ double partials[kMaxThreadsPerRow / 32];
+  __shared__ double partials[kMaxWarpsPerRow];
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); })) return;
   const int parity = ctx.parity;

@@ -113,7 +113,7 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
   }
 }
 
-// Copies of kMaxThreadsPerRow / 32 warp sums a clustered row's partials
+// Copies of kMaxWarpsPerRow warp sums a clustered row's partials
 // hold: one for each of its sums (post-norm and norm; ClusterRowSum writes
 // a copy once).
 inline constexpr int kRowSumCopies = 2;
@@ -130,7 +130,7 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, dou
   const int tpr = a.threads_per_row;
   if constexpr (kCluster) {
     const double total =
-        ClusterRowSum(sum_of_squares, tpr, lane, partials + nth * (kMaxThreadsPerRow / 32));
+        ClusterRowSum(sum_of_squares, tpr, lane, partials + nth * kMaxWarpsPerRow);
     return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
   } else {
     // Blocks loop over rows: partials are written again by the next row.

@@ -19,6 +19,8 @@ namespace jax_ar::gpu {
 
 inline constexpr int kMaxVectorsPerThread = 4;  // the kernels are instantiated for 1..4
 inline constexpr int kMaxThreadsPerRow = 1024;
+/// Warp sums of the widest row: the slots a row's partial sums take.
+inline constexpr int kMaxWarpsPerRow = kMaxThreadsPerRow / 32;
 inline constexpr int kMinBlockThreads = 256;
 /// The longest row (in 16-byte vectors) a plan holds.
 inline constexpr int kMaxRowVectors = kMaxThreadsPerRow * kMaxVectorsPerThread;
