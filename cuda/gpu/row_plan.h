@@ -87,9 +87,9 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // with each row's threads spread over a cluster of blocks when every row
 // then has a cluster of its own within `block_cap` blocks: blocks of
 // kMinClusterBlockThreads threads where those clusters fit, else of twice
-// as many, up to kMaxClusterBlockThreads. The blocks sum the row's squares through
-// distributed shared memory in the order one block adds them (row_norm.cuh
-// ClusterRowSum), so a row's result is the same either way. Measured on the
+// as many, up to kMaxClusterBlockThreads. The blocks sum the row's squares
+// through distributed shared memory in the order one block adds them
+// (row_norm.cuh ClusterRowSum), so a row's result is the same either way. Measured on the
 // H200 (docs/gpu.md "Latency, sixth push" and "seventh push"): where each
 // row has its own cluster, calls ran 7-48% faster than one block a row
 // (hidden 4096 and 8192, 1-16 tokens, 2-8 ranks); clusters whose rows took
@@ -100,7 +100,8 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // 256-thread blocks ran 5-17% faster than one 512-thread block a row
 // (hidden 4096 at 32 / 16 / 8 tokens and 2 / 4 / 8 ranks: 7.34 -> 6.98,
 // 10.69 -> 9.69, 17.20 -> 15.61 us; hidden 8192 likewise: 11.42 -> 9.70,
-// 17.75 -> 15.78, 31.60 -> 26.36; "Latency, tenth push").
+// 17.75 -> 15.78, 31.60 -> 26.36; "Latency, tenth push"; 7-15% in the
+// same cells in the next session, "eleventh push").
 inline constexpr int kMinClusterBlockThreads = 64;
 inline constexpr int kClusterBlockThreads = 128;
 inline constexpr int kMaxClusterBlockThreads = 256;
