@@ -24,7 +24,9 @@ ranks' host-side starts, which several launches in a row amortize.
   all_reduce_rms_norm A
               f = jax_ar.all_reduce_rms_norm(., ones, ones, "tp", algorithm=A)[0]
               over rows of --norm-hidden elements (--norm-algorithms oneshot,auto:
-              the fused one-shot kernel beside the all-reduce of the same bytes)
+              the fused one-shot kernel beside the all-reduce of the same bytes);
+              A = pair: jax_ar.rms_norm(jax_ar.all_reduce(.), ones, residual=ones)[0],
+              the pair algorithm="auto" may pick instead of the fused kernel
   copy        f = optimization_barrier(-.): one read + one write kernel of the
               same bytes (the barrier keeps XLA from fusing or folding)
   stages      f = one launch of a piece of the protocol (jax_ar.tools.breakdown):
@@ -89,12 +91,19 @@ NORM_EPS = 1e-6
 
 def norm_step(algorithm, hidden):
     """One all_reduce_rms_norm call on a rank's shard seen as rows of
-    `hidden` elements, residual and gamma all ones."""
+    `hidden` elements, residual and gamma all ones; algorithm "pair" is
+    the pair algorithm="auto" may take instead (jax_ar.all_reduce, then
+    jax_ar.rms_norm)."""
     def step(y):
         x = y.reshape(-1, hidden)
         ones = jnp.ones_like(x)
-        out, _ = jax_ar.all_reduce_rms_norm(x, ones, jnp.ones((hidden,), x.dtype), "tp",
-                                            eps=NORM_EPS, algorithm=algorithm)
+        gamma = jnp.ones((hidden,), x.dtype)
+        if algorithm == "pair":
+            out, _ = jax_ar.rms_norm(jax_ar.all_reduce(x, "tp"), gamma, eps=NORM_EPS,
+                                     residual=ones)
+        else:
+            out, _ = jax_ar.all_reduce_rms_norm(x, ones, gamma, "tp", eps=NORM_EPS,
+                                                algorithm=algorithm)
         return out.reshape(y.shape)
     return step
 
@@ -165,7 +174,8 @@ def main():
                         help="comma-separated all_reduce ops: avg (default), sum")
     parser.add_argument("--norm-algorithms", default="",
                         help="comma-separated all_reduce_rms_norm algorithms (oneshot, twoshot: "
-                             "the fused kernel; auto) timed at every --bytes size that is whole "
+                             "the fused kernel; auto; pair: jax_ar.all_reduce then "
+                             "jax_ar.rms_norm) timed at every --bytes size that is whole "
                              "rows; none by default")
     parser.add_argument("--norm-hidden", type=int, default=4096,
                         help="row length of the all_reduce_rms_norm cases (default 4096)")
