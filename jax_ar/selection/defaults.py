@@ -44,40 +44,64 @@ def _gpu_defaults(n: int) -> dict:
     }
 
 
-# all_reduce_rms_norm's paths on the GPU, per call, through the figures of
-# docs/rms_norm.md (2 ranks sharing one H200 under MPS, bfloat16, hidden 4096
-# and 8192, 1-2048 tokens, 2026-12-01; docs/results/
-# rms_norm_fused_h200_mps2_bf16_2026-12-01.json): "composed" is the measured
-# jax_ar.all_reduce + jax_ar.rms_norm; "fused_twoshot" the fused call from
-# 1 MB, where the table of that day sent it two-shot; "fused_oneshot" the
-# fused call up to 256 KB (one-shot there). Not measured, guessed so that
-# the order stays the all-reduce's: two-shot below 1 MB (11 us at the
-# smallest, above one-shot) and one-shot from 1 MB (16 us there, above
-# two-shot, 8 us/MB beyond). From 8 MB both curves pass through
-# `bench --op rms_norm` of 2026-12-03 (2 ranks, bfloat16, hidden 4096,
-# commit 59994ac; docs/results/bench_rms_norm_h200_mps_2026-12-03_59994ac.txt):
-# fused 74.0 / 130.5 / 243.9 us, the pair 58.9 / 118.4 / 213.1 at 8 / 16 /
-# 32 MB. The choice these reproduce: fused up to 4 MB (1.1-1.3x faster
-# than the pair), the pair from 8 MB, which that run found faster at every
-# size from 8 to 32 MB at 2 and 4 ranks in bfloat16 and float32 (fused
-# took 1.01-1.26x its time; at 16 MB two runs of 2026-12-02 agree, 1.03-1.12x).
-# Other world sizes: the same curves plus 1 us per rank beyond two on every
-# path, so the choice stays that of two ranks (the 4-rank runs agree:
-# docs/gpu.md). `python -m jax_ar tune` refits them on a machine.
-_GPU_FUSED_ONESHOT = ((8192, 8.0), (262144, 9.7), (1048576, 16.0))
-_GPU_FUSED_TWOSHOT = ((8192, 11.0), (1048576, 13.46), (2097152, 17.24), (4194304, 28.77),
-                      (8388608, 74.0), (16777216, 130.5), (33554432, 243.9))
-_GPU_COMPOSED = ((131072, 9.5), (262144, 10.48), (1048576, 17.37), (2097152, 19.94),
-                 (4194304, 29.19), (8388608, 58.9), (16777216, 118.4), (33554432, 213.1))
+# all_reduce_rms_norm's paths on the GPU, per call, measured at 2, 4 and 8
+# ranks sharing one H200 under MPS (bfloat16, hidden 4096, modules of
+# 8320dec, 2026-12-03): up to 2 MB `benchmarks/per_call_overhead.py
+# --norm-algorithms oneshot,twoshot,pair` (300 dependent calls a program;
+# docs/results/latency_h200_mps_2026-12-03_8320dec_norm_paths.jsonl), from
+# 4 MB `bench --op rms_norm` (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt;
+# "fused" there is the two-shot). "composed" is the pair jax_ar.all_reduce
+# + jax_ar.rms_norm. What the points choose, as measured:
+#   2 ranks  fused one-shot up to 512 KB, fused two-shot 1-4 MB, pair from 8 MB;
+#   4 ranks  fused one-shot up to 128 KB, the pair at 256-512 KB (the fused
+#            one-shot took 1.08-1.29x its time), two-shot 1-4 MB, pair from 8 MB;
+#   8 ranks  fused one-shot up to 64 KB, the pair at 128 KB-512 KB (the fused
+#            one-shot took 1.33-2.94x), two-shot 1-4 MB, pair from 8 MB.
+# The fused one-shot's time grows with the ranks far faster than the
+# others' (every rank reads every peer's rows as LL packets), which one
+# curve plus 1 us a rank, the tables before this one, missed. Not
+# measured, guessed: 8 ranks beyond 4 MB, the 4-rank times doubled (the
+# 8/4 ratio at 2-4 MB was 1.98-2.10 for both the two-shot and the pair);
+# world sizes between those measured, the line between the neighbours at
+# each size; beyond 8, the 8-rank times scaled by n / 8. Sizes are bytes of
+# x per rank. `python -m jax_ar tune` refits them on a machine.
+_GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
+                   4194304, 8388608, 16777216, 33554432)
+_GPU_NORM_US = {
+    2: {"fused_oneshot": (5.03, 5.37, 5.77, 6.98, 9.22, 14.01, 29.66),
+        "fused_twoshot": (10.75, 10.87, 11.28, 11.28, 11.53, 11.95, 17.06,
+                          33.9, 73.2, 132.7, 245.1),
+        "composed": (6.59, 7.14, 7.82, 8.16, 11.20, 16.33, 19.04, 35.6, 57.5, 119.0, 213.7)},
+    4: {"fused_oneshot": (6.47, 7.80, 9.63, 14.48, 23.77, 55.45, 97.72),
+        "fused_twoshot": (24.33, 25.14, 25.46, 26.26, 27.05, 29.50, 40.87,
+                          72.9, 158.7, 282.5, 528.4),
+        "composed": (8.72, 9.47, 12.52, 13.35, 18.42, 31.40, 47.51, 79.1, 138.1, 271.0, 496.9)},
+    8: {"fused_oneshot": (8.97, 15.48, 25.69, 44.15, 101.66, 187.76, 364.28),
+        "fused_twoshot": (37.31, 41.80, 44.99, 45.11, 47.84, 55.56, 84.13,
+                          144.2, 2 * 158.7, 2 * 282.5, 2 * 528.4),
+        "composed": (12.11, 18.64, 19.37, 21.75, 34.52, 64.20, 99.56,
+                     159.6, 2 * 138.1, 2 * 271.0, 2 * 496.9)},
+}
+_GPU_NORM_WORLDS = tuple(sorted(_GPU_NORM_US))
+
+
+def _gpu_norm_times(path: str, n: int) -> list:
+    """The times of `path` at n ranks at its sizes: measured at 2, 4 and 8,
+    the line between the measured neighbours between them, scaled by n / 8
+    beyond 8 (and 2's below 2)."""
+    lo = max([w for w in _GPU_NORM_WORLDS if w <= n], default=_GPU_NORM_WORLDS[0])
+    hi = min([w for w in _GPU_NORM_WORLDS if w >= n], default=_GPU_NORM_WORLDS[-1])
+    at_lo, at_hi = _GPU_NORM_US[lo][path], _GPU_NORM_US[hi][path]
+    if n > hi:
+        return [t * n / hi for t in at_hi]
+    if hi == lo:
+        return list(at_lo)
+    return [a + (b - a) * (n - lo) / (hi - lo) for a, b in zip(at_lo, at_hi)]
 
 
 def _gpu_norm_defaults(n: int) -> dict:
-    extra = 1.0 * (n - 2)
-    return {
-        "fused_oneshot": CostCurve.through(_GPU_FUSED_ONESHOT, extra),
-        "fused_twoshot": CostCurve.through(_GPU_FUSED_TWOSHOT, extra),
-        "composed": CostCurve.through(_GPU_COMPOSED, extra),
-    }
+    return {path: CostCurve.through(tuple(zip(_GPU_NORM_SIZES, _gpu_norm_times(path, n))))
+            for path in ("fused_oneshot", "fused_twoshot", "composed")}
 
 
 # CPU devices: ranks are processes copying through POSIX shared memory; psum
