@@ -63,8 +63,9 @@ def _gpu_defaults(n: int) -> dict:
 # measured, guessed: 8 ranks beyond 4 MB, the 4-rank times doubled (the
 # 8/4 ratio at 2-4 MB was 1.98-2.10 for both the two-shot and the pair);
 # world sizes between those measured, the line between the neighbours at
-# each size; beyond 8, the 8-rank times scaled by n / 8. Sizes are bytes of
-# x per rank. `python -m jax_ar tune` refits them on a machine.
+# each size; beyond 8, the 8-rank times scaled by n / 8. One point is
+# raised so that a curve never falls: the 2-rank two-shot at 256 KB took
+# 11.25, below 128 KB's 11.28. Sizes are bytes of x per rank. `python -m jax_ar tune` refits them on a machine.
 _GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
                    4194304, 8388608, 16777216, 33554432)
 _GPU_NORM_US = {
