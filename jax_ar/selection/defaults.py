@@ -2,6 +2,8 @@
 `python -m jax_ar tune` has not measured."""
 from __future__ import annotations
 
+import bisect
+
 from .table import CostCurve, Segment, Table
 
 __all__ = ["default_table"]
@@ -63,14 +65,15 @@ def _gpu_defaults(n: int) -> dict:
 # measured, guessed: 8 ranks beyond 4 MB, the 4-rank times doubled (the
 # 8/4 ratio at 2-4 MB was 1.98-2.10 for both the two-shot and the pair);
 # world sizes between those measured, the line between the neighbours at
-# each size; beyond 8, the 8-rank times scaled by n / 8. One point is
-# raised so that a curve never falls: the 2-rank two-shot at 256 KB took
-# 11.25, below 128 KB's 11.28. Sizes are bytes of x per rank. `python -m jax_ar tune` refits them on a machine.
+# each size; beyond 8, the 8-rank times scaled by n / 8
+# (_curve_across_worlds, which also holds the 2-rank two-shot at 256 KB,
+# 11.25, at 128 KB's 11.28: a curve never falls). Sizes are bytes of x per
+# rank. `python -m jax_ar tune` refits them on a machine.
 _GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
                    4194304, 8388608, 16777216, 33554432)
 _GPU_NORM_US = {
     2: {"fused_oneshot": (5.03, 5.37, 5.77, 6.98, 9.22, 14.01, 29.66),
-        "fused_twoshot": (10.75, 10.87, 11.28, 11.28, 11.53, 11.95, 17.06,
+        "fused_twoshot": (10.75, 10.87, 11.28, 11.25, 11.53, 11.95, 17.06,
                           33.9, 73.2, 132.7, 245.1),
         "composed": (6.59, 7.14, 7.82, 8.16, 11.20, 16.33, 19.04, 35.6, 57.5, 119.0, 213.7)},
     4: {"fused_oneshot": (6.47, 7.80, 9.63, 14.48, 23.77, 55.45, 97.72),
@@ -83,25 +86,33 @@ _GPU_NORM_US = {
         "composed": (12.11, 18.64, 19.37, 21.75, 34.52, 64.20, 99.56,
                      159.6, 2 * 138.1, 2 * 271.0, 2 * 496.9)},
 }
-_GPU_NORM_WORLDS = tuple(sorted(_GPU_NORM_US))
 
 
-def _gpu_norm_times(path: str, n: int) -> list:
-    """The times of `path` at n ranks at its sizes: measured at 2, 4 and 8,
-    the line between the measured neighbours between them, scaled by n / 8
-    beyond 8 (and 2's below 2)."""
-    lo = max([w for w in _GPU_NORM_WORLDS if w <= n], default=_GPU_NORM_WORLDS[0])
-    hi = min([w for w in _GPU_NORM_WORLDS if w >= n], default=_GPU_NORM_WORLDS[-1])
-    at_lo, at_hi = _GPU_NORM_US[lo][path], _GPU_NORM_US[hi][path]
-    if n > hi:
-        return [t * n / hi for t in at_hi]
-    if hi == lo:
-        return list(at_lo)
-    return [a + (b - a) * (n - lo) / (hi - lo) for a, b in zip(at_lo, at_hi)]
+def _curve_across_worlds(sizes, times_by_world: dict, n: int) -> CostCurve:
+    """The curve through the times at n ranks (times_by_world: the times at
+    `sizes` measured at some world sizes), made non-decreasing: on the line
+    through the times of the measured world sizes around n at each size
+    (below the smallest, the line of the two smallest); beyond the largest,
+    its times scaled by n / largest."""
+    worlds = sorted(times_by_world)
+    last = worlds[-1]
+    if n >= last:
+        at_n = [t * n / last for t in times_by_world[last]]
+    else:
+        j = max(1, bisect.bisect_left(worlds, n))
+        lo, hi = worlds[j - 1], worlds[j]
+        at_n = [a + (b - a) * (n - lo) / (hi - lo)
+                for a, b in zip(times_by_world[lo], times_by_world[hi])]
+    times, top = [], 0.0
+    for t in at_n:
+        top = max(top, t, 1.0)
+        times.append(top)
+    return CostCurve.through(tuple(zip(sizes, times)))
 
 
 def _gpu_norm_defaults(n: int) -> dict:
-    return {path: CostCurve.through(tuple(zip(_GPU_NORM_SIZES, _gpu_norm_times(path, n))))
+    return {path: _curve_across_worlds(_GPU_NORM_SIZES,
+                                       {w: t[path] for w, t in _GPU_NORM_US.items()}, n)
             for path in ("fused_oneshot", "fused_twoshot", "composed")}
 
 
@@ -118,7 +129,7 @@ def _gpu_norm_defaults(n: int) -> dict:
 # (1.2-2.8x), psum at 8M (1.11x). On a machine loaded by other work (load
 # average 6-21, the fits before this one) every time was 10-25x longer and
 # one-shot won up to 32K: spinning ranks then lose their core; tune such a
-# machine. Other world sizes: _cpu_curve.
+# machine. Other world sizes: above _cpu_defaults.
 # The points: one round each up to 1M (at 4 ranks one-shot's 1M takes two),
 # then the cost of a full round of the two-shot workspace share (2,080,768
 # bytes of the default 8 MiB at 2 and 4 ranks), chosen between what the
@@ -141,27 +152,15 @@ _CPU_PSUM_US = {2: (2064.0, 3518.0, 6376.0, 9647.0, 21245.0),
                 4: (6884.0, 8115.0, 13583.0, 24927.0, 47615.0)}
 
 
-def _cpu_curve(sizes, at2, at4, n) -> CostCurve:
-    """The curve through the times at n ranks, made non-decreasing: up to 4
-    ranks on the line through the 2- and 4-rank times at each size; beyond,
-    the 4-rank times scaled by n / 4 (the ranks share two cores, so each
-    waits for the others about n times as long; a guess that keeps the
-    4-rank choice)."""
-    if n <= 4:
-        at_n = [a + (b - a) * (n - 2) / 2 for a, b in zip(at2, at4)]
-    else:
-        at_n = [b * n / 4 for b in at4]
-    times, top = [], 0.0
-    for t in at_n:
-        top = max(top, t, 1.0)
-        times.append(top)
-    return CostCurve.through(tuple(zip(sizes, times)))
-
-
+# Other world sizes on CPU devices (_curve_across_worlds): up to 4 ranks on
+# the line through the 2- and 4-rank times at each size; beyond, the 4-rank
+# times scaled by n / 4 (the ranks share two cores, so each waits for the
+# others about n times as long; a guess that keeps the 4-rank choice).
 def _cpu_defaults(n: int) -> dict:
-    curves = {a: _cpu_curve(_CPU_KERNEL_SIZES, _CPU_KERNEL_US[2][a], _CPU_KERNEL_US[4][a], n)
+    curves = {a: _curve_across_worlds(_CPU_KERNEL_SIZES,
+                                      {w: t[a] for w, t in _CPU_KERNEL_US.items()}, n)
               for a in ("oneshot", "twoshot")}
-    curves["psum"] = _cpu_curve(_CPU_PSUM_SIZES, _CPU_PSUM_US[2], _CPU_PSUM_US[4], n)
+    curves["psum"] = _curve_across_worlds(_CPU_PSUM_SIZES, _CPU_PSUM_US, n)
     return {**curves, **_cpu_norm_defaults(n)}
 
 
@@ -179,7 +178,7 @@ def _cpu_defaults(n: int) -> dict:
 # (measured too, docs/benchmarks.md) costs the CPU kernels more per byte:
 # there fused two-shot was 3-12% ahead of the pair at 16K-128K, and from
 # 256K psum + jnp norm, which no path of jax_ar's beats on CPU. Other world
-# sizes: _cpu_curve.
+# sizes: above _cpu_defaults.
 _CPU_NORM_SIZES = tuple(1024 << k for k in range(13))  # 1K .. 4M
 _CPU_NORM_US = {
     2: {"fused_oneshot": (28.9, 34.1, 42.2, 52.8, 110.0, 250.0, 248.7, 765.5, 857.9, 1984.0,
@@ -198,7 +197,8 @@ _CPU_NORM_US = {
 
 
 def _cpu_norm_defaults(n: int) -> dict:
-    return {path: _cpu_curve(_CPU_NORM_SIZES, _CPU_NORM_US[2][path], _CPU_NORM_US[4][path], n)
+    return {path: _curve_across_worlds(_CPU_NORM_SIZES,
+                                       {w: t[path] for w, t in _CPU_NORM_US.items()}, n)
             for path in ("fused_oneshot", "fused_twoshot", "composed")}
 
 
