@@ -130,11 +130,18 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
 #pragma unroll
                            for (int r = 0; r < kFusedRanksInFlight; ++r) {
                              if (r >= batch.count) break;
+                             // Unpacked into `next` always, then added in
+                             // registers: unpacking into `first ? acc : next`
+                             // (a destination chosen at run time) kept acc in
+                             // local memory, and calls of 32-128 tokens ran
+                             // 1.3-1.4x slower at 4 and 8 ranks (docs/gpu.md
+                             // "Latency, thirteenth push").
                              const bool first = batch.base + r == 0;
-                             Vec<D>::Unpack(batch.Data(r), first ? acc : next);
-                             if (first) continue;
+                             Vec<D>::Unpack(batch.Data(r), next);
 #pragma unroll
-                             for (int j = 0; j < kLanes; ++j) acc[j] = __fadd_rn(acc[j], next[j]);
+                             for (int j = 0; j < kLanes; ++j) {
+                               acc[j] = first ? next[j] : __fadd_rn(acc[j], next[j]);
+                             }
                            }
                          });
         },
