@@ -216,12 +216,13 @@ def test_schema_1_table_loads_with_default_norm_curves(tmp_path, monkeypatch):
 # ranks on one H200, 2026-12-03, docs/rms_norm.md): K = 1024 bytes of x
 # per rank.
 _MEASURED_BEST = {
-    2: {16: "fused_oneshot", 256: "fused_oneshot", 512: "fused_oneshot",
+    2: {16: "fused_oneshot", 256: "fused_oneshot", 512: "fused_oneshot", 1024: "fused_oneshot",
+        2048: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed", 32768: "composed"},
+    4: {16: "fused_oneshot", 128: "fused_oneshot", 256: "fused_oneshot", 512: "fused_oneshot",
         1024: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed", 32768: "composed"},
-    4: {16: "fused_oneshot", 128: "fused_oneshot", 256: "composed", 512: "composed",
-        1024: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed", 32768: "composed"},
-    8: {16: "fused_oneshot", 64: "fused_oneshot", 128: "composed", 512: "composed",
-        1024: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed", 32768: "composed"},
+    8: {16: "fused_oneshot", 64: "fused_oneshot", 128: "fused_oneshot", 256: "composed",
+        512: "composed", 1024: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed",
+        32768: "composed"},
 }
 
 

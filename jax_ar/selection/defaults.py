@@ -47,40 +47,42 @@ def _gpu_defaults(n: int) -> dict:
 
 
 # all_reduce_rms_norm's paths on the GPU, per call, measured at 2, 4 and 8
-# ranks sharing one H200 under MPS (bfloat16, hidden 4096, modules of
-# 8320dec, 2026-12-03): up to 2 MB `benchmarks/per_call_overhead.py
-# --norm-algorithms oneshot,twoshot,pair` (300 dependent calls a program;
-# docs/results/latency_h200_mps_2026-12-03_8320dec_norm_paths.jsonl), from
+# ranks sharing one H200 under MPS (bfloat16, hidden 4096, 2026-12-03): up
+# to 2 MB `benchmarks/per_call_overhead.py` (300 dependent calls a
+# program), the fused one-shot with the modules of 646c11c
+# (docs/results/latency_h200_mps_2026-12-03_646c11c.jsonl), the fused
+# two-shot and the pair with those of 8320dec, whose kernels they still run
+# (docs/results/latency_h200_mps_2026-12-03_8320dec_norm_paths.jsonl); from
 # 4 MB `bench --op rms_norm` (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt;
 # "fused" there is the two-shot). "composed" is the pair jax_ar.all_reduce
 # + jax_ar.rms_norm. What the points choose, as measured:
-#   2 ranks  fused one-shot up to 512 KB, fused two-shot 1-4 MB, pair from 8 MB;
-#   4 ranks  fused one-shot up to 128 KB, the pair at 256-512 KB (the fused
-#            one-shot took 1.08-1.29x its time), two-shot 1-4 MB, pair from 8 MB;
-#   8 ranks  fused one-shot up to 64 KB, the pair at 128 KB-512 KB (the fused
-#            one-shot took 1.33-2.94x), two-shot 1-4 MB, pair from 8 MB.
+#   2 ranks  fused one-shot up to 1 MB, fused two-shot 2-4 MB, pair from 8 MB;
+#   4 ranks  fused one-shot up to 512 KB, two-shot 1-4 MB, pair from 8 MB;
+#   8 ranks  fused one-shot up to 128 KB (19.06 us there against the
+#            pair's 19.37), the pair at 256-512 KB (the fused one-shot took
+#            1.46-2.30x its time), two-shot 1-4 MB, pair from 8 MB.
 # The fused one-shot's time grows with the ranks far faster than the
 # others' (every rank reads every peer's rows as LL packets), which one
-# curve plus 1 us a rank, the tables before this one, missed. Not
+# curve plus 1 us a rank, the tables before 8c6dcc7, missed. Not
 # measured, guessed: 8 ranks beyond 4 MB, the 4-rank times doubled (the
 # 8/4 ratio at 2-4 MB was 1.98-2.10 for both the two-shot and the pair);
 # world sizes between those measured, the line between the neighbours at
 # each size; beyond 8, the 8-rank times scaled by n / 8
-# (_curve_across_worlds, which also holds the 2-rank two-shot at 256 KB,
-# 11.25, at 128 KB's 11.28: a curve never falls). Sizes are bytes of x per
-# rank. `python -m jax_ar tune` refits them on a machine.
+# (_curve_across_worlds, which also holds a curve up where a measured
+# point falls below the one before it: a curve never falls). Sizes are
+# bytes of x per rank. `python -m jax_ar tune` refits them on a machine.
 _GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
                    4194304, 8388608, 16777216, 33554432)
 _GPU_NORM_US = {
-    2: {"fused_oneshot": (5.03, 5.37, 5.77, 6.98, 9.22, 14.01, 29.66),
+    2: {"fused_oneshot": (5.45, 5.40, 6.04, 6.75, 7.70, 10.62, 24.22),
         "fused_twoshot": (10.75, 10.87, 11.28, 11.25, 11.53, 11.95, 17.06,
                           33.9, 73.2, 132.7, 245.1),
         "composed": (6.59, 7.14, 7.82, 8.16, 11.20, 16.33, 19.04, 35.6, 57.5, 119.0, 213.7)},
-    4: {"fused_oneshot": (6.47, 7.80, 9.63, 14.48, 23.77, 55.45, 97.72),
+    4: {"fused_oneshot": (6.58, 7.16, 8.25, 11.00, 17.42, 43.46, 72.86),
         "fused_twoshot": (24.33, 25.14, 25.46, 26.26, 27.05, 29.50, 40.87,
                           72.9, 158.7, 282.5, 528.4),
         "composed": (8.72, 9.47, 12.52, 13.35, 18.42, 31.40, 47.51, 79.1, 138.1, 271.0, 496.9)},
-    8: {"fused_oneshot": (8.97, 15.48, 25.69, 44.15, 101.66, 187.76, 364.28),
+    8: {"fused_oneshot": (8.83, 12.76, 19.06, 31.67, 79.42, 143.98, 273.94),
         "fused_twoshot": (37.31, 41.80, 44.99, 45.11, 47.84, 55.56, 84.13,
                           144.2, 2 * 158.7, 2 * 282.5, 2 * 528.4),
         "composed": (12.11, 18.64, 19.37, 21.75, 34.52, 64.20, 99.56,
