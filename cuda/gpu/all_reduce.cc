@@ -45,7 +45,9 @@ LaunchShape OneShotShape(uint64_t bytes, int world, int threads) {
   const uint64_t vectors = (bytes + 15) / 16;
   const uint64_t cap = static_cast<uint64_t>(BlockCap(world));
   if (threads == 0) {
-    threads = vectors <= cap * kOneShotThreads ? kOneShotThreads : kOneShotMaxThreads;
+    threads = vectors <= cap * kOneShotThreads      ? kOneShotThreads
+              : vectors <= cap * kOneShotMaxThreads ? kOneShotMaxThreads
+                                                    : kOneShotWideThreads;
   }
   const uint64_t blocks = (vectors + threads - 1) / threads;
   return {static_cast<int>(std::clamp<uint64_t>(blocks, 1, cap)), threads};

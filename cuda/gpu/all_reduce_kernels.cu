@@ -104,7 +104,7 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 // and 8 ranks, 1-256 KB (23 of 24 cells over two runs, 2026-12-02,
 // docs/gpu.md "Latency, seventh push").
 template <int kSegments, OneShotPart kPart = OneShotPart::kAll, typename Fixed = void>
-__global__ void __launch_bounds__(kOneShotMaxThreads, 1)
+__global__ void __launch_bounds__(kOneShotWideThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   constexpr bool kHeader = kPart == OneShotPart::kAll;
   constexpr bool kSum = kHeader || kPart == OneShotPart::kNoHeader;

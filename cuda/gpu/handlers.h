@@ -24,7 +24,8 @@ ffi::Error LaunchFailed(RankState& state, Operation operation, cudaError_t err);
 // Launch configuration, from static sizes and the world size only, so that
 // every rank launches the same grid and cuts data into the same pieces.
 // One-shot: kOneShotThreads a block while one vector a thread fits the
-// block budget, else kOneShotMaxThreads (threads > 0 forces a block size).
+// block budget, then kOneShotMaxThreads, then kOneShotWideThreads
+// (threads > 0 forces a block size).
 struct LaunchShape {
   int blocks;
   int threads;

@@ -45,15 +45,17 @@ inline constexpr int BlockCap(int world) {
   return share < 1 ? 1 : (share > kMaxBlocks ? kMaxBlocks : share);
 }
 
-// The LL kernels (one-shot, LL two-shot) keep every peer's packets of a
-// vector in flight at once (packets.cuh): about 230 registers a thread. The
-// one-shot gives each thread one vector in blocks of kOneShotThreads (two
-// fit an SM) while the block budget allows, and blocks of
-// kOneShotMaxThreads (one an SM) for larger messages, whose threads then
-// hold half as many vectors (each costs a round trip). Measured on the
-// H200: docs/gpu.md.
+// The one-shot gives each thread one vector in blocks of kOneShotThreads
+// (two fit an SM) while the block budget allows, then blocks of
+// kOneShotMaxThreads, then of kOneShotWideThreads once 256 a block would
+// give a thread more than one vector (8 ranks from 128 KB, 4 from 256 KB,
+// 2 from 512 KB): each vector a thread holds costs it a round trip. The
+// one-shot reads one peer's packets at a time (76-80 registers a thread in
+// the typed instances, so 512-thread blocks need no spills). Measured on
+// the H200: docs/gpu.md.
 inline constexpr int kOneShotThreads = 128;
 inline constexpr int kOneShotMaxThreads = 256;
+inline constexpr int kOneShotWideThreads = 512;
 inline constexpr int kTwoShotThreads = 512;
 
 // Arrays one launch carries; a call with more leaves takes several launches.
