@@ -8,39 +8,69 @@ from .table import CostCurve, Segment, Table
 
 __all__ = ["default_table"]
 
-# GPU: H100/H200 SXM over NVLink 4, per round. Fitted to `python -m jax_ar
-# bench` on 2 H200s joined by NVLink (one process per GPU, bfloat16, 1K-64M,
-# 2026-11-29, docs/results/): one-shot ~9 us and 20 us/MB (LL packets carry
-# 8 data bytes in 16 and every rank reads every peer's message), two-shot ~14
-# us and 3.7 us/MB, psum (NCCL) ~19 us and 4.0 us/MB. Growth with the world
-# size is not measured yet (no machine with more GPUs was lent): one-shot's
-# traffic grows with n-1 peers, two-shot's and NCCL's ring with 2(n-1)/n, as
-# published for NCCL; every fixed cost grows by about 1 us per rank (one
-# more peer to signal and wait for), keeping their order at every n.
-# twoshot_ll, the two-shot over LL packets: no fence and no flag round per
-# block, but 16 bytes moved per 8 of data. Not measured apart yet (the CUDA
-# handler used to choose it by size alone), so its shipped curve reproduces
-# that rule: two-shot's line a hair (_LL_EDGE_US) cheaper up to
-# _TWO_SHOT_LL_MAX_BYTES per call, then twice as steep as two-shot's
-# (the packets' cost per byte) and above it. `tune` fits it from the calls
-# that ran it.
-_TWO_SHOT_LL_MAX_BYTES = 1 << 20
-_LL_EDGE_US = 0.01
-
-
-def _two_shot_ll(latency: float, us_per_mb: float) -> CostCurve:
-    edge_us = us_per_mb * _TWO_SHOT_LL_MAX_BYTES / 1e6
-    return CostCurve((Segment(_TWO_SHOT_LL_MAX_BYTES, latency - _LL_EDGE_US, us_per_mb),
-                      Segment(None, latency + _LL_EDGE_US - edge_us, 2 * us_per_mb)))
+# GPU, all_reduce's kernels, per round. The three kernels per call,
+# measured at 2, 4 and 8 ranks sharing one H200 under MPS
+# (`benchmarks/per_call_overhead.py`, bfloat16, 300 dependent calls a
+# program; the one-shot through jax_ar.all_reduce, the two-shots through
+# their protocol-probe stages, which cost within 1-2% of a call; modules of
+# aa101bd, whose all-reduce kernels main runs since 18fb78e, 2026-12-03,
+# docs/results/latency_h200_mps_2026-12-03_aa101bd.jsonl). The sizes are
+# whole rounds of the default 64 MiB workspace: the one-shot carries
+# 2095104 / 1047552 / 523776 bytes a round at 2 / 4 / 8 ranks and the LL
+# two-shot 2095104, so a size past a kernel's round is a whole number of
+# rounds, whose time per call stands at that size (predict_us never asks
+# for a round larger than the workspace's).
+# Ranks sharing one GPU say little of NVLink's bandwidth: their traffic
+# stays in one HBM (faster than NVLink at 2 ranks, shared by all at 8).
+# So the plain two-shot, the bandwidth kernel, costs at each size the more
+# of what they measured and its line fitted to `python -m jax_ar bench` on
+# 2 H200s joined by NVLink (one process per GPU, bfloat16, 1K-64M,
+# 2026-11-29, docs/results/: ~14 us and 3.7 us/MB), grown with the world
+# size as a ring's traffic, 2(n-1)/n, and by about 1 us a rank. psum
+# (NCCL), which cannot run on ranks sharing a GPU, keeps that run's line:
+# ~19 us and 4.0 us/MB, grown the same way. What the curves choose:
+#   2 ranks  the one-shot up to 4 MB (at 4 MB, 2 rounds, the plain
+#            two-shot measured 18.4 us against 25.3, but its NVLink line
+#            says 29.5), the plain two-shot at 8 MB, psum from 16 MB;
+#   4 ranks  the one-shot up to 128 KB, the LL two-shot at 256 KB (3%
+#            ahead), the one-shot at 512 KB, the plain two-shot from 1 MB
+#            (two one-shot rounds there; psum from 1 MB where it runs, on
+#            its line alone);
+#   8 ranks  the one-shot up to 64 KB (12.1 us against 15.5), the LL
+#            two-shot at 128-512 KB, the plain two-shot from 1 MB (psum
+#            from 512 KB where it runs).
+# The curves before these (2 GPUs over NVLink plus a guessed growth a rank)
+# sent 64 KB at 8 ranks and 128 KB at 4 to the LL two-shot, 1.2-1.3x
+# slower there. Other world sizes: _curve_across_worlds, below.
+# `python -m jax_ar tune` refits every curve on a machine.
+_GPU_KERNEL_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 523264, 1047552, 2095104,
+                     4190208)
+_GPU_KERNEL_US = {
+    2: {"oneshot": (4.13, 4.12, 4.43, 4.98, 5.37, 5.69, 6.83, 8.47, 12.34, 25.34),
+        "twoshot_ll": (5.00, 5.15, 5.53, 5.71, 5.78, 6.36, 8.25, 12.91, 23.09, 46.82),
+        "twoshot": (8.60, 8.86, 9.20, 11.04, 11.26, 11.37, 11.77, 11.59, 13.11, 18.36)},
+    4: {"oneshot": (5.43, 6.02, 6.14, 6.71, 7.55, 9.98, 14.97, 26.54, 48.25, 94.88),
+        "twoshot_ll": (8.78, 8.16, 8.59, 9.05, 9.18, 9.66, 17.13, 31.81, 47.76, 108.25),
+        "twoshot": (22.95, 22.54, 22.55, 26.52, 27.82, 27.26, 28.14, 29.31, 34.05, 46.32)},
+    8: {"oneshot": (7.78, 8.84, 8.95, 12.11, 18.35, 29.77, 62.96, 124.02, 247.14, 493.20),
+        "twoshot_ll": (14.83, 14.12, 14.59, 15.53, 16.03, 16.71, 33.20, 66.68, 147.41,
+                       304.07),
+        "twoshot": (45.87, 38.04, 38.90, 43.00, 47.52, 53.13, 49.94, 56.47, 69.34, 104.65)},
+}
 
 
 def _gpu_defaults(n: int) -> dict:
     ring = 2 * (n - 1) / n
-    two_shot_latency, two_shot_slope = 12.0 + 1.0 * n, 3.7 * ring
+    measured = {k: _curve_across_worlds(_GPU_KERNEL_SIZES,
+                                        {w: t[k] for w, t in _GPU_KERNEL_US.items()}, n)
+                for k in ("oneshot", "twoshot_ll", "twoshot")}
+    nvlink = CostCurve.linear(12.0 + 1.0 * n, 3.7 * ring)
     return {
-        "oneshot": CostCurve.linear(8.0 + 0.6 * n, 20.0 * (n - 1)),
-        "twoshot_ll": _two_shot_ll(two_shot_latency, two_shot_slope),
-        "twoshot": CostCurve.linear(two_shot_latency, two_shot_slope),
+        "oneshot": measured["oneshot"],
+        "twoshot_ll": measured["twoshot_ll"],
+        "twoshot": CostCurve.through(tuple(
+            (s, max(measured["twoshot"].predict(s), nvlink.predict(s)))
+            for s in _GPU_KERNEL_SIZES)),
         "psum": CostCurve.linear(17.0 + 1.0 * n, 4.0 * ring),
         **_gpu_norm_defaults(n),
     }
@@ -205,7 +235,7 @@ def _cpu_norm_defaults(n: int) -> dict:
 
 
 _DEFAULTS = {"cpu": (_cpu_defaults, "CPU shared memory"),
-             "gpu": (_gpu_defaults, "H100/H200 NVLink, published figures")}
+             "gpu": (_gpu_defaults, "H200: LL kernels and norm paths measured, two-shot and psum from 2 GPUs over NVLink")}
 
 
 def default_table(platform: str, device_kind: str, world: int) -> Table:
