@@ -12,9 +12,12 @@ __all__ = ["default_table"]
 # measured at 2, 4 and 8 ranks sharing one H200 under MPS
 # (`benchmarks/per_call_overhead.py`, bfloat16, 300 dependent calls a
 # program; the one-shot through jax_ar.all_reduce, the two-shots through
-# their protocol-probe stages, which cost within 1-2% of a call; modules of
-# aa101bd, whose all-reduce kernels main runs since 18fb78e, 2026-12-03,
-# docs/results/latency_h200_mps_2026-12-03_aa101bd.jsonl). The sizes are
+# their protocol-probe stages, which cost within 1-2% of a call; 2026-12-03,
+# all-reduce kernels of 18fb78e): from 1 KB to 4 MB in one command
+# (docs/results/latency_h200_mps_2026-12-03_aa101bd.jsonl, variant
+# "paths"), and from 64 KB to 2 MB the mean of it and a second command
+# (..._6b99a26_auto.jsonl) wherever a size took as many rounds in both
+# (they differed by up to 1.3x at 4 ranks, 512 KB-1 MB). The sizes are
 # whole rounds of the default 64 MiB workspace: the one-shot carries
 # 2095104 / 1047552 / 523776 bytes a round at 2 / 4 / 8 ranks and the LL
 # two-shot 2095104, so a size past a kernel's round is a whole number of
@@ -33,10 +36,10 @@ __all__ = ["default_table"]
 #            two-shot measured 18.4 us against 25.3, but its NVLink line
 #            says 29.5), the plain two-shot at 8 MB, psum from 16 MB;
 #   4 ranks  the one-shot up to 128 KB, the LL two-shot at 256 KB (3%
-#            ahead), the one-shot at 512 KB, the plain two-shot from 1 MB
-#            (two one-shot rounds there; psum from 1 MB where it runs, on
-#            its line alone);
-#   8 ranks  the one-shot up to 64 KB (12.1 us against 15.5), the LL
+#            ahead), the one-shot at 512 KB, the LL two-shot at 1 MB (two
+#            one-shot rounds there), the plain two-shot from 2 MB (where
+#            psum runs, its line alone takes 1 MB and from 4 MB);
+#   8 ranks  the one-shot up to 64 KB (12.1 us against 15.3), the LL
 #            two-shot at 128-512 KB, the plain two-shot from 1 MB (psum
 #            from 512 KB where it runs).
 # The curves before these (2 GPUs over NVLink plus a guessed growth a rank)
@@ -46,16 +49,16 @@ __all__ = ["default_table"]
 _GPU_KERNEL_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 523264, 1047552, 2095104,
                      4190208)
 _GPU_KERNEL_US = {
-    2: {"oneshot": (4.13, 4.12, 4.43, 4.98, 5.37, 5.69, 6.83, 8.47, 12.34, 25.34),
-        "twoshot_ll": (5.00, 5.15, 5.53, 5.71, 5.78, 6.36, 8.25, 12.91, 23.09, 46.82),
-        "twoshot": (8.60, 8.86, 9.20, 11.04, 11.26, 11.37, 11.77, 11.59, 13.11, 18.36)},
-    4: {"oneshot": (5.43, 6.02, 6.14, 6.71, 7.55, 9.98, 14.97, 26.54, 48.25, 94.88),
-        "twoshot_ll": (8.78, 8.16, 8.59, 9.05, 9.18, 9.66, 17.13, 31.81, 47.76, 108.25),
-        "twoshot": (22.95, 22.54, 22.55, 26.52, 27.82, 27.26, 28.14, 29.31, 34.05, 46.32)},
-    8: {"oneshot": (7.78, 8.84, 8.95, 12.11, 18.35, 29.77, 62.96, 124.02, 247.14, 493.20),
-        "twoshot_ll": (14.83, 14.12, 14.59, 15.53, 16.03, 16.71, 33.20, 66.68, 147.41,
+    2: {"oneshot": (4.13, 4.12, 4.43, 4.78, 5.14, 5.49, 6.57, 8.42, 12.34, 25.34),
+        "twoshot_ll": (5.00, 5.15, 5.53, 5.56, 5.68, 6.21, 8.05, 12.81, 23.09, 46.82),
+        "twoshot": (8.60, 8.86, 9.20, 11.15, 11.43, 11.33, 11.69, 11.66, 13.23, 18.36)},
+    4: {"oneshot": (5.43, 6.02, 6.14, 6.57, 7.49, 9.96, 15.05, 26.54, 48.25, 94.88),
+        "twoshot_ll": (8.78, 8.16, 8.59, 8.91, 9.08, 9.68, 15.44, 28.07, 47.76, 108.25),
+        "twoshot": (22.95, 22.54, 22.55, 27.20, 27.26, 27.06, 28.05, 28.55, 33.57, 46.32)},
+    8: {"oneshot": (7.78, 8.84, 8.95, 12.06, 18.16, 29.91, 62.96, 124.02, 247.14, 493.20),
+        "twoshot_ll": (14.83, 14.12, 14.59, 15.34, 15.77, 16.69, 29.99, 59.66, 147.41,
                        304.07),
-        "twoshot": (45.87, 38.04, 38.90, 43.00, 47.52, 53.13, 49.94, 56.47, 69.34, 104.65)},
+        "twoshot": (45.87, 38.04, 38.90, 44.40, 49.81, 50.08, 52.87, 54.46, 66.03, 104.65)},
 }
 
 
