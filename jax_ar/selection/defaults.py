@@ -12,17 +12,21 @@ __all__ = ["default_table"]
 # measured at 2, 4 and 8 ranks sharing one H200 under MPS
 # (`benchmarks/per_call_overhead.py`, bfloat16, 300 dependent calls a
 # program; the one-shot through jax_ar.all_reduce, the two-shots through
-# their protocol-probe stages, which cost within 1-2% of a call; 2026-12-03,
-# all-reduce kernels of 18fb78e): from 1 KB to 4 MB in one command
+# their protocol-probe stages, which cost within 1-2% of a call; the
+# all-reduce kernels of 18fb78e, 2026-12-03), the median of every run at a
+# size: one command from 1 KB to 4 MB
 # (docs/results/latency_h200_mps_2026-12-03_aa101bd.jsonl, variant
-# "paths"), and from 64 KB to 2 MB the mean of it and a second command
-# (..._6b99a26_auto.jsonl) wherever a size took as many rounds in both
-# (they differed by up to 1.3x at 4 ranks, 512 KB-1 MB). The sizes are
-# whole rounds of the default 64 MiB workspace: the one-shot carries
-# 2095104 / 1047552 / 523776 bytes a round at 2 / 4 / 8 ranks and the LL
-# two-shot 2095104, so a size past a kernel's round is a whole number of
-# rounds, whose time per call stands at that size (predict_us never asks
-# for a round larger than the workspace's).
+# "paths"), a second from 64 KB to 2 MB (..._6b99a26_auto.jsonl) and three
+# runs at 4 ranks, 512 KB-1 MB (..._b229857_r4.jsonl).
+# The one-shot's points are whole rounds of the default 64 MiB workspace
+# (it carries 2095104 / 1047552 / 523776 bytes a round at 2 / 4 / 8
+# ranks), so a size past its round is a whole number of rounds, whose time
+# per call stands at that size (predict_us never asks for a round larger
+# than the workspace's). The two-shots' points up to 1 MB are powers of
+# two: at 4 and 8 ranks the LL two-shot ran 1.2-1.3x slower at 523264 and
+# 1047552 bytes than at 524288 and 1048576 (4 ranks, 16.7 against 13.8 us
+# and 31.3 against 24.3, in each of three runs), and model sizes are
+# powers of two; from 2 MB they are whole LL rounds (2095104 bytes).
 # Ranks sharing one GPU say little of NVLink's bandwidth: their traffic
 # stays in one HBM (faster than NVLink at 2 ranks, shared by all at 8).
 # So the plain two-shot, the bandwidth kernel, costs at each size the more
@@ -35,45 +39,48 @@ __all__ = ["default_table"]
 #   2 ranks  the one-shot up to 4 MB (at 4 MB, 2 rounds, the plain
 #            two-shot measured 18.4 us against 25.3, but its NVLink line
 #            says 29.5), the plain two-shot at 8 MB, psum from 16 MB;
-#   4 ranks  the one-shot up to 128 KB, the LL two-shot at 256 KB (3%
-#            ahead), the one-shot at 512 KB, the LL two-shot at 1 MB (two
-#            one-shot rounds there), the plain two-shot from 2 MB (where
-#            psum runs, its line alone takes 1 MB and from 4 MB);
+#   4 ranks  the one-shot up to 128 KB, the LL two-shot at 256 KB-1 MB,
+#            the plain two-shot from 2 MB (where psum runs, its line alone
+#            takes 2-4 MB and from 16 MB);
 #   8 ranks  the one-shot up to 64 KB (12.1 us against 15.3), the LL
-#            two-shot at 128-512 KB, the plain two-shot from 1 MB (psum
-#            from 512 KB where it runs).
+#            two-shot at 128 KB-1 MB (at 1 MB within 0.4% of the plain
+#            two-shot), the plain two-shot from 2 MB (psum from 1 MB where
+#            it runs).
 # The curves before these (2 GPUs over NVLink plus a guessed growth a rank)
 # sent 64 KB at 8 ranks and 128 KB at 4 to the LL two-shot, 1.2-1.3x
 # slower there. Other world sizes: _curve_across_worlds, below.
 # `python -m jax_ar tune` refits every curve on a machine.
-_GPU_KERNEL_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 523264, 1047552, 2095104,
-                     4190208)
+_GPU_ONE_SHOT_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 523264, 1047552, 2095104,
+                       4190208)
+_GPU_TWO_SHOT_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 524288, 1048576, 2095104,
+                       4190208)
+_GPU_KERNEL_SIZES = {"oneshot": _GPU_ONE_SHOT_SIZES, "twoshot_ll": _GPU_TWO_SHOT_SIZES,
+                     "twoshot": _GPU_TWO_SHOT_SIZES}
 _GPU_KERNEL_US = {
-    2: {"oneshot": (4.13, 4.12, 4.43, 4.78, 5.14, 5.49, 6.57, 8.42, 12.34, 25.34),
-        "twoshot_ll": (5.00, 5.15, 5.53, 5.56, 5.68, 6.21, 8.05, 12.81, 23.09, 46.82),
-        "twoshot": (8.60, 8.86, 9.20, 11.15, 11.43, 11.33, 11.69, 11.66, 13.23, 18.36)},
-    4: {"oneshot": (5.43, 6.02, 6.14, 6.57, 7.49, 9.96, 15.05, 26.54, 48.25, 94.88),
-        "twoshot_ll": (8.78, 8.16, 8.59, 8.91, 9.08, 9.68, 15.44, 28.07, 47.76, 108.25),
-        "twoshot": (22.95, 22.54, 22.55, 27.20, 27.26, 27.06, 28.05, 28.55, 33.57, 46.32)},
+    2: {"oneshot": (4.13, 4.12, 4.43, 4.78, 5.14, 5.49, 6.83, 8.47, 12.34, 25.34),
+        "twoshot_ll": (5.00, 5.15, 5.53, 5.56, 5.68, 6.21, 7.86, 12.70, 23.09, 46.82),
+        "twoshot": (8.60, 8.86, 9.20, 11.15, 11.43, 11.33, 11.61, 11.73, 13.11, 18.36)},
+    4: {"oneshot": (5.43, 6.02, 6.14, 6.57, 7.49, 9.96, 14.86, 26.33, 48.25, 94.88),
+        "twoshot_ll": (8.78, 8.16, 8.59, 8.91, 9.08, 9.68, 13.80, 24.28, 47.76, 108.25),
+        "twoshot": (22.95, 22.54, 22.55, 27.20, 27.26, 27.06, 28.13, 28.30, 34.05, 46.32)},
     8: {"oneshot": (7.78, 8.84, 8.95, 12.06, 18.16, 29.91, 62.96, 124.02, 247.14, 493.20),
-        "twoshot_ll": (14.83, 14.12, 14.59, 15.34, 15.77, 16.69, 29.99, 59.66, 147.41,
+        "twoshot_ll": (14.83, 14.12, 14.59, 15.34, 15.77, 16.69, 26.79, 52.63, 147.41,
                        304.07),
-        "twoshot": (45.87, 38.04, 38.90, 44.40, 49.81, 50.08, 52.87, 54.46, 66.03, 104.65)},
+        "twoshot": (45.87, 38.04, 38.90, 44.40, 49.81, 50.08, 55.79, 52.44, 69.34, 104.65)},
 }
 
 
 def _gpu_defaults(n: int) -> dict:
     ring = 2 * (n - 1) / n
-    measured = {k: _curve_across_worlds(_GPU_KERNEL_SIZES,
-                                        {w: t[k] for w, t in _GPU_KERNEL_US.items()}, n)
-                for k in ("oneshot", "twoshot_ll", "twoshot")}
+    measured = {k: _curve_across_worlds(sizes, {w: t[k] for w, t in _GPU_KERNEL_US.items()}, n)
+                for k, sizes in _GPU_KERNEL_SIZES.items()}
     nvlink = CostCurve.linear(12.0 + 1.0 * n, 3.7 * ring)
     return {
         "oneshot": measured["oneshot"],
         "twoshot_ll": measured["twoshot_ll"],
         "twoshot": CostCurve.through(tuple(
             (s, max(measured["twoshot"].predict(s), nvlink.predict(s)))
-            for s in _GPU_KERNEL_SIZES)),
+            for s in _GPU_TWO_SHOT_SIZES)),
         "psum": CostCurve.linear(17.0 + 1.0 * n, 4.0 * ring),
         **_gpu_norm_defaults(n),
     }
