@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from .table import CostCurve, Segment, Table
+from .table import CostCurve, Table
 
 __all__ = ["default_table"]
 
@@ -245,7 +245,8 @@ def _cpu_norm_defaults(n: int) -> dict:
 
 
 _DEFAULTS = {"cpu": (_cpu_defaults, "CPU shared memory"),
-             "gpu": (_gpu_defaults, "H200: LL kernels and norm paths measured, two-shot and psum from 2 GPUs over NVLink")}
+             "gpu": (_gpu_defaults, "H200 under MPS, two-shot and psum held to 2-GPU NVLink "
+                                    "lines")}
 
 
 def default_table(platform: str, device_kind: str, world: int) -> Table:
