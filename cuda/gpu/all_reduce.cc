@@ -117,6 +117,26 @@ uint64_t CallSignature(const std::vector<Piece>& pieces, ReduceOp op, Algorithm 
 
 bool IsAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; }
 
+// The LL two-shot's chunk (rank j reduces bytes [j * chunk, (j + 1) * chunk) of
+// a launch): ceil(bytes / world), at least one vector (every rank then sends
+// to every peer), and from kLLChunkRoundedFrom on a multiple of
+// kLLChunkGranule, one warp's vectors. Chunks that were a multiple of 128 or
+// 256 bytes only ran 1.2-1.3x slower at 4 and 8 ranks (4 ranks: 523264 bytes
+// 17.5 us, 522240 and 524288 14.2-14.6; 8 ranks: 522240 and 523264 33.2-33.3
+// us, 516096 and 524288 27.3; docs/gpu.md "Latency, fifteenth push"). The
+// last rank's chunk is then shorter; from 16 KB the others' grow by less
+// than 1/32.
+constexpr uint64_t kLLChunkGranule = 512;
+constexpr uint64_t kLLChunkRoundedFrom = 16 << 10;
+
+uint64_t LLTwoShotChunk(uint64_t bytes, int world, uint64_t capacity) {
+  const uint64_t chunk = std::max<uint64_t>(kAlign, AlignUp((bytes + world - 1) / world));
+  if (chunk < kLLChunkRoundedFrom) return chunk;
+  // A launch's bytes fit its capacity, so a chunk of capacity / world holds
+  // ceil(bytes / world).
+  return std::min<uint64_t>(AlignUp(chunk, kLLChunkGranule), capacity / world);
+}
+
 int LLTwoShotBlocks(uint64_t chunk_bytes, int world) {
   const uint64_t blocks = (chunk_bytes / 16 + kOneShotThreads - 1) / kOneShotThreads;
   return static_cast<int>(std::clamp<uint64_t>(blocks, 1, BlockCap(world)));
@@ -167,8 +187,7 @@ ffi::Error RunAllReduce(cudaStream_t stream, RankState& state, const std::vector
         break;
       }
       case AllReduceKernel::kTwoShotLL:
-        // At least one vector per rank: every rank then sends to every peer.
-        a.chunk_bytes = std::max<uint64_t>(kAlign, AlignUp((a.bytes + state.world - 1) / state.world));
+        a.chunk_bytes = LLTwoShotChunk(a.bytes, state.world, kernel.capacity);
         blocks = LLTwoShotBlocks(a.chunk_bytes, state.world);
         break;
       case AllReduceKernel::kTwoShotPlain: {

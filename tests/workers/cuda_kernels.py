@@ -86,8 +86,33 @@ def suite_sizes(mesh):
         f = sharded_call(mesh, lambda v: (jax_ar.all_reduce(v, "tp", algorithm=algorithm),), 1, 1)
         out, = f(global_array(x, mesh, P("tp")))
         check_exact(f"sizes/workspace/{algorithm}", out, np.split(x, n), comm)
+    check_ll_two_shot_chunks(mesh, comm, rng)
     comm.close()
     log("sizes: ok")
+
+
+def check_ll_two_shot_chunks(mesh, comm, rng):
+    """The LL two-shot's kernel itself (algorithm code 3, whatever the cost
+    model picks): from 16 KB a rank's chunk is rounded up to 512 bytes, so
+    the last rank's is shorter (cuda/gpu/all_reduce.cc LLTwoShotChunk), or
+    held to what a launch's slot carries. Sizes where the rounding moves the
+    cut, one launch's capacity, and one vector past it."""
+    n = jax.device_count()
+    cap = comm.capacity_bytes("twoshot_ll")
+    attrs = dict(comm_id=np.int64(comm.comm_id), op=np.int32(_native.OP_CODES["sum"]),
+                 algorithm=np.int32(_native.ALGORITHM_CODES["twoshot_ll"]))
+
+    def body(v):
+        return (jax.ffi.ffi_call("jax_ar_all_reduce", jax.ShapeDtypeStruct(v.shape, v.dtype))(
+            v, **attrs),)
+
+    f = sharded_call(mesh, body, 1, 1, check_vma=False)
+    for nbytes in (n * (16 << 10) + 48, 523264, cap - 16, cap + 16):
+        for dt in ("float32", "bfloat16"):
+            size = nbytes // DTYPES[dt].itemsize
+            x = random_values(rng, (n * size,), DTYPES[dt])
+            out, = f(global_array(x, mesh, P("tp")))
+            check_exact(f"sizes/twoshot_ll/{dt}/{nbytes}", out, np.split(x, n), comm)
 
 
 def suite_back_to_back(mesh):
