@@ -23,10 +23,13 @@ __all__ = ["default_table"]
 # ranks), so a size past its round is a whole number of rounds, whose time
 # per call stands at that size (predict_us never asks for a round larger
 # than the workspace's). The two-shots' points up to 1 MB are powers of
-# two: at 4 and 8 ranks the LL two-shot ran 1.2-1.3x slower at 523264 and
-# 1047552 bytes than at 524288 and 1048576 (4 ranks, 16.7 against 13.8 us
-# and 31.3 against 24.3, in each of three runs), and model sizes are
-# powers of two; from 2 MB they are whole LL rounds (2095104 bytes).
+# two: at 4 and 8 ranks the LL two-shot of 18fb78e ran 1.2-1.3x slower at
+# 523264 and 1047552 bytes than at 524288 and 1048576 (4 ranks, 16.7
+# against 13.8 us and 31.3 against 24.3, in each of three runs), where its
+# chunks were not multiples of 512 bytes; b69fdb4 cuts them so (as fast
+# as the powers of two, docs/gpu.md "Latency, fifteenth push"), and left
+# the powers of two as they were. From 2 MB the points are whole LL
+# rounds (2095104 bytes).
 # Ranks sharing one GPU say little of NVLink's bandwidth: their traffic
 # stays in one HBM (faster than NVLink at 2 ranks, shared by all at 8).
 # So the plain two-shot, the bandwidth kernel, costs at each size the more
