@@ -23,7 +23,8 @@ ranks' host-side starts, which several launches in a row amortize.
               (--ops avg,sum adds the same with op="sum": "all_reduce A sum")
   all_reduce_rms_norm A
               f = jax_ar.all_reduce_rms_norm(., ones, ones, "tp", algorithm=A)[0]
-              over rows of --norm-hidden elements (--norm-algorithms oneshot,auto:
+              over rows of --norm-hidden elements (several: "4096,8192"; each row's
+              JSON line has its "norm_hidden") (--norm-algorithms oneshot,auto:
               the fused one-shot kernel beside the all-reduce of the same bytes);
               A = pair: jax_ar.rms_norm(jax_ar.all_reduce(.), ones, residual=ones)[0],
               the pair algorithm="auto" may pick instead of the fused kernel
@@ -177,8 +178,9 @@ def main():
                              "the fused kernel; auto; pair: jax_ar.all_reduce then "
                              "jax_ar.rms_norm) timed at every --bytes size that is whole "
                              "rows; none by default")
-    parser.add_argument("--norm-hidden", type=int, default=4096,
-                        help="row length of the all_reduce_rms_norm cases (default 4096)")
+    parser.add_argument("--norm-hidden", default="4096",
+                        help="comma-separated row lengths of the all_reduce_rms_norm cases "
+                             "(default 4096)")
     parser.add_argument("--variant", default="main", help="name of this tree or setting in the JSON")
     parser.add_argument("--json", default=None, help="also append the JSON lines to this file")
     parser.add_argument("--dump-hlo", default=None,
@@ -198,6 +200,7 @@ def main():
     algorithms = [a for a in args.algorithms.split(",") if a]
     ops = [o for o in args.ops.split(",") if o]
     norm_algorithms = [a for a in args.norm_algorithms.split(",") if a]
+    norm_hiddens = [int(h) for h in args.norm_hidden.split(",") if h]
     stages = list(STAGES) if args.stages == "all" else [s for s in args.stages.split(",") if s]
     me = jax.process_index()
     # Invariant results feed the next call, so the vma checks are off; avg
@@ -211,17 +214,20 @@ def main():
                 suffix = "" if op == "avg" else f" {op}"
                 cases.append((f"all_reduce {algorithm}{suffix}", nbytes,
                               lambda y, a=algorithm, o=op: jax_ar.all_reduce(y, "tp", op=o,
-                                                                             algorithm=a)))
-        for algorithm in norm_algorithms if nbytes % (2 * args.norm_hidden) == 0 else ():
-            cases.append((f"all_reduce_rms_norm {algorithm}", nbytes,
-                          norm_step(algorithm, args.norm_hidden)))
+                                                                             algorithm=a),
+                              None))
+        for hidden in norm_hiddens if norm_algorithms else ():
+            for algorithm in norm_algorithms if nbytes % (2 * hidden) == 0 else ():
+                cases.append((f"all_reduce_rms_norm {algorithm}", nbytes,
+                              norm_step(algorithm, hidden), hidden))
         for stage in stages if nbytes in stage_sizes else ():
-            cases.append((f"stage {stage}", nbytes, lambda y, s=stage: protocol_probe(y, "tp", s)))
+            cases.append((f"stage {stage}", nbytes, lambda y, s=stage: protocol_probe(y, "tp", s),
+                          None))
         if nbytes in copy_sizes:
-            cases.append(("copy", nbytes, lambda y: jax.lax.optimization_barrier(-y)))
+            cases.append(("copy", nbytes, lambda y: jax.lax.optimization_barrier(-y), None))
 
     rows = []
-    for name, nbytes, step in cases:
+    for name, nbytes, step, hidden in cases:
         elements = max(1, nbytes // 2)
         # make_array_from_callback, not device_put: device_put of a global
         # array checks through a collective that processes agree, and NCCL
@@ -230,7 +236,7 @@ def main():
         x = jax.make_array_from_callback(data.shape, jax.sharding.NamedSharding(mesh, P("tp")),
                                          lambda idx: data[idx])
         norm = name.startswith("all_reduce_rms_norm")
-        result = check_result(wrap(step), x, expected_result(name, data, n, args.norm_hidden),
+        result = check_result(wrap(step), x, expected_result(name, data, n, hidden),
                               rtol=2.0 ** -7 if norm else 0.0)
         program = wrap(chain(step, args.calls))
         if args.dump_hlo and me == 0:
@@ -253,6 +259,7 @@ def main():
             "processes": jax.process_count(),
             "case": name,
             "bytes_per_rank": nbytes,
+            **({"norm_hidden": hidden} if hidden else {}),
             "dtype": "bfloat16",
             "calls_per_program": args.calls,
             "launches_per_sample": args.launches,
@@ -277,7 +284,9 @@ def main():
               f"{args.calls} calls per program, {args.launches} launches per sample, median "
               f"of {args.repeats} (one launch alone in parentheses)")
         for r in rows:
-            print(f"per call: {r['case']:>22} {r['bytes_per_rank']:>9} B  {r['us_per_call']:8.2f} us"
+            hidden = f" h{r['norm_hidden']}" if "norm_hidden" in r else ""
+            print(f"per call: {r['case'] + hidden:>22} {r['bytes_per_rank']:>9} B  "
+                  f"{r['us_per_call']:8.2f} us"
                   f"  ({r['one_launch_us_per_call']:.2f}; handler runs while timed: "
                   f"{r['handler_calls_during_timed_runs']})"
                   f"{'  RESULT WRONG' if r['result'] == 'wrong' else ''}", flush=True)
