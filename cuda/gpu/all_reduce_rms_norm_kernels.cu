@@ -278,8 +278,9 @@ cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int 
     OneShotRmsNormKernel<D, R, kPostNorm, kVectors, false><<<blocks, threads, 0, stream>>>(args);
     return cudaGetLastError();
   }
-  if constexpr (kVectors <= kMaxClusterVectorsPerThread) {
-    // A row spans a cluster of blocks (row_plan.h PlanFusedOneShotRow).
+  if constexpr (kVectors == 1) {
+    // A row spans a cluster of blocks, one vector a thread (row_plan.h
+    // PlanFusedOneShotRow).
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(blocks);
     config.blockDim = dim3(threads);
@@ -294,7 +295,7 @@ cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int 
     return cudaLaunchKernelEx(&config, OneShotRmsNormKernel<D, R, kPostNorm, kVectors, true>,
                               args);
   }
-  return cudaErrorInvalidValue;  // the plan never clusters rows of more vectors a thread
+  return cudaErrorInvalidValue;  // the plan never clusters threads of more vectors
 }
 
 // Kernels hold one vector of a row per thread (rows of up to 512 vectors:
@@ -347,7 +348,6 @@ cudaError_t LoadVariant() {
       reinterpret_cast<const void*>(
           OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false>),
       reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, true>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, true>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 1>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 2>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),

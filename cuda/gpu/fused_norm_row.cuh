@@ -118,25 +118,37 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
 // a copy once).
 inline constexpr int kRowSumCopies = 2;
 
-// The inverse RMS of this thread's row, over its block's threads or, for a
-// row that spans a cluster (kCluster), over the cluster's. Every thread of
-// the block (of the cluster) must call it together. `nth` (0 or 1) is which
-// of the row's sums this is: a clustered row writes the nth of its
-// kRowSumCopies copies in `partials`, a one-block row the one copy it has,
-// behind a barrier.
-template <bool kCluster>
-__device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a, double sum_of_squares,
-                                                 int hidden, int lane, double* partials, int nth) {
+// How many sums of squares a thread of kVectors vectors keeps: rows of two
+// vectors a thread (PlanFusedRow: 513-1024 vectors) sum each vector apart,
+// as the one-vector threads of the fused one-shot's clusters hold them
+// (PlanFusedOneShotRow), so that a row's result does not depend on the
+// plan its launch took (row_norm.cuh RowSumOfVectors); rows of more
+// vectors never cluster.
+template <int kVectors>
+inline constexpr int kSquareSums = kVectors == 2 ? 2 : 1;
+
+// The inverse RMS of this thread's row from its sums of squares (one per
+// vector with kSums 2, as RowSumOfVectors adds them), over its block's
+// threads or, for a row that spans a cluster (kCluster: one vector a
+// thread), over the cluster's. Every thread of the block (of the cluster)
+// must call it together. `nth` (0 or 1) is which of the row's sums this
+// is: a clustered row writes the nth of its kRowSumCopies copies in
+// `partials`, a one-block row the one copy it has, behind a barrier.
+template <bool kCluster, int kSums>
+__device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
+                                                 const double (&sums)[kSums], int hidden,
+                                                 int lane, double* partials, int nth) {
   const int tpr = a.threads_per_row;
+  double total;
   if constexpr (kCluster) {
-    const double total =
-        ClusterRowSum(sum_of_squares, tpr, lane, partials + nth * kMaxWarpsPerRow);
-    return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
+    static_assert(kSums == 1, "clustered rows hold one vector a thread");
+    total = ClusterRowSum(sums[0], tpr, lane, partials + nth * kMaxWarpsPerRow);
   } else {
     // Blocks loop over rows: partials are written again by the next row.
-    return RowInverseRms</*kPartialsReused=*/true>(sum_of_squares, hidden, a.eps, tpr, lane,
-                                                   threadIdx.x / tpr, partials);
+    total = RowSumOfVectors</*kPartialsReused=*/true>(sums, tpr, lane, threadIdx.x / tpr,
+                                                      partials);
   }
+  return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
 }
 
 // The norm of the row this thread works on, after the sum over ranks: for
@@ -168,19 +180,23 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
           ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
                              static_cast<uint32_t>(a.rows_per_group))
           : 0;
-  // With one or two vectors a thread (rows up to 1024 vectors), their
-  // residual and gamma words are read before the sum over ranks is awaited,
-  // so that their latency hides behind the exchange (measured: the fused
-  // call 3.5 us above the one-shot all-reduce at 1 token without); longer
-  // rows read them when needed (registers: the four-vector kernels' blocks
-  // of up to 1024 threads have 64 a thread, row_plan.h).
-  constexpr bool kEarlyLoads = kVectors <= 2;
-  constexpr int kEarly = kEarlyLoads ? kVectors : 1;
+  // With one or two vectors a thread (rows up to 1024 vectors), the first
+  // vector's residual and gamma words are read before the sum over ranks
+  // is awaited, so that their latency hides behind the exchange (measured:
+  // the fused call 3.5 us above the one-shot all-reduce at 1 token
+  // without); the second vector's and longer rows' when needed (registers:
+  // the two-vector kernels spilled 32-80 bytes a thread holding both, and
+  // ran up to 1.4 us slower at 8 ranks, docs/gpu.md "Latency, sixteenth
+  // push"; the four-vector kernels' blocks of up to 1024 threads have 64 a
+  // thread, row_plan.h).
+  constexpr int kEarlyVectors = kVectors <= 2 ? 1 : 0;
+  constexpr bool kEarlyLoads = kEarlyVectors > 0;
+  constexpr int kEarly = kEarlyLoads ? kEarlyVectors : 1;
   uint4 early_residual[kEarly][RL::kWords];
   float early_gamma[kEarly][kLanes];
   if constexpr (kEarlyLoads) {
 #pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
+    for (int k = 0; k < kEarlyVectors; ++k) {
       const int i = lane + k * tpr;
       if (active && i < a.row_vectors) {
         RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, early_residual[k]);
@@ -191,13 +207,14 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
   // Rows are kept as the stored residual stream in between (half the
   // registers of float lanes for 16-bit types when R is x's type).
   uint4 stored[kVectors][RL::kWords];
-  double sum_of_squares = 0.0;
+  constexpr int kSums = kSquareSums<kVectors>;
+  double sum_of_squares[kSums] = {};
   const auto add_residual = [&](int k, int i, float* t) {
     uint4 words[RL::kWords];
     float r[kLanes];
-    if constexpr (kEarlyLoads) {
+    if (k < kEarlyVectors) {
 #pragma unroll
-      for (int q = 0; q < RL::kWords; ++q) words[q] = early_residual[k][q];
+      for (int q = 0; q < RL::kWords; ++q) words[q] = early_residual[k < kEarly ? k : 0][q];
     } else {
       RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, words);
     }
@@ -206,19 +223,19 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], r[j]);
     RL::Pack(t, stored[k]);
     RL::Unpack(stored[k], r);  // the norm reads what residual_out holds
-    AddSquares<kLanes>(r, sum_of_squares);
+    AddSquares<kLanes>(r, sum_of_squares[kSums == 1 ? 0 : k]);
     emit_residual(i, stored[k]);
   };
   if constexpr (kPostNorm) {
     float t[kVectors][kLanes];
-    double post_sum_of_squares = 0.0;
+    double post_sum_of_squares[kSums] = {};
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
       if (!active || i >= a.row_vectors) continue;
       reduce(k, i, t[k]);
       AddBias<kLanes>(a, group, hidden, i, t[k]);
-      AddSquares<kLanes>(t[k], post_sum_of_squares);
+      AddSquares<kLanes>(t[k], post_sum_of_squares[kSums == 1 ? 0 : k]);
     }
     const float post_inv_rms =
         InverseRmsOfRow<kCluster>(a, post_sum_of_squares, hidden, lane, partials, 0);
@@ -251,9 +268,9 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     if (!active || i >= a.row_vectors) continue;
     float v[kLanes], g[kLanes], y[kLanes];
     RL::Unpack(stored[k], v);
-    if constexpr (kEarlyLoads) {
+    if (k < kEarlyVectors) {
 #pragma unroll
-      for (int j = 0; j < kLanes; ++j) g[j] = early_gamma[k][j];
+      for (int j = 0; j < kLanes; ++j) g[j] = early_gamma[k < kEarly ? k : 0][j];
     } else {
       LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, g);
     }

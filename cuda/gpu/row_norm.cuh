@@ -57,6 +57,35 @@ __device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int 
   return total;
 }
 
+/// RowSum of a row whose threads each hold the sums of kSums of its
+/// vectors, sums[k] that of vector lane + k * threads_per_row: added as a
+/// row of kSums * threads_per_row threads of one vector each adds them
+/// (each warp's 32 in RowSum's butterfly, then the warps in the row's
+/// order), so that a row's sum does not depend on how many vectors its
+/// threads hold. threads_per_row is whole warps, and the row's
+/// kSums * threads_per_row / 32 warp sums fit `partials`; every thread of
+/// the block must call this together.
+template <bool kPartialsReused, int kSums, typename T>
+__device__ __forceinline__ T RowSumOfVectors(const T (&sums)[kSums], int threads_per_row, int lane,
+                                             int row, T* partials) {
+  if constexpr (kSums == 1) {
+    return RowSum<kPartialsReused>(sums[0], threads_per_row, lane, row, partials);
+  } else {
+    const int warps = kSums * threads_per_row / 32;
+    T* row_partials = partials + row * warps;
+#pragma unroll
+    for (int k = 0; k < kSums; ++k) {
+      const T value = WarpSum(sums[k], 32);
+      if (lane % 32 == 0) row_partials[(lane + k * threads_per_row) / 32] = value;
+    }
+    __syncthreads();
+    T total = 0;
+    for (int w = 0; w < warps; ++w) total += row_partials[w];
+    if constexpr (kPartialsReused) __syncthreads();
+    return total;
+  }
+}
+
 // A cluster barrier in two halves. A kernel whose blocks store into each
 // other's shared memory (ClusterRowSum) arrives at its start and waits
 // before its first such store, since a block's shared memory exists only

@@ -83,57 +83,66 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
   }
   return PlanRow(row_vectors, kMaxVectorsPerThread);
 }
-// The fused one-shot's plan for a launch of `rows` rows: PlanFusedRow's,
-// with each row's threads spread over a cluster of blocks when every row
-// then has a cluster of its own within `block_cap` blocks: blocks of
+// The fused one-shot's plan for a launch of `rows` rows: where every row
+// can have a cluster of blocks of its own within `block_cap` blocks, one
+// vector a thread, the row's threads (a power of two, up to
+// kMaxThreadsPerRow) spread over the cluster's blocks: blocks of
 // kMinClusterBlockThreads threads where those clusters fit, else of twice
-// as many, up to kMaxClusterBlockThreads. The blocks sum the row's squares
-// through distributed shared memory in the order one block adds them
-// (row_norm.cuh ClusterRowSum), so a row's result is the same either way. Measured on the
-// H200 (docs/gpu.md "Latency, sixth push" and "seventh push"): where each
-// row has its own cluster, calls ran 7-48% faster than one block a row
-// (hidden 4096 and 8192, 1-16 tokens, 2-8 ranks); clusters whose rows took
-// turns on the capped grid ran up to 2.5x slower at 8-128 tokens. Against
-// 128-thread blocks, 64-thread ones ran 5-9% faster at 8 ranks and one
-// token, 3-5% at 4 ranks and hidden 8192, and within 3% either way at 2
-// ranks (two device sessions). Where neither fits the cap, clusters of two
-// 256-thread blocks ran 5-17% faster than one 512-thread block a row
-// (hidden 4096 at 32 / 16 / 8 tokens and 2 / 4 / 8 ranks: 7.34 -> 6.98,
-// 10.69 -> 9.69, 17.20 -> 15.61 us; hidden 8192 likewise: 11.42 -> 9.70,
-// 17.75 -> 15.78, 31.60 -> 26.36; "Latency, tenth push"; 7-15% in the
-// same cells in the next session, "eleventh push").
+// as many, up to kMaxClusterBlockThreads. Otherwise PlanFusedRow's. The
+// blocks sum the row's squares through distributed shared memory in the
+// order one block adds them (row_norm.cuh ClusterRowSum), and threads of
+// two vectors add them as two threads of one would (RowSumOfVectors), so a
+// row's result is the same either way. Measured on the H200 (docs/gpu.md
+// "Latency, sixth push" and "seventh push"): where each row has its own
+// cluster, calls ran 7-48% faster than one block a row (hidden 4096 and
+// 8192, 1-16 tokens, 2-8 ranks); clusters whose rows took turns on the
+// capped grid ran up to 2.5x slower at 8-128 tokens. Against 128-thread
+// blocks, 64-thread ones ran 5-9% faster at 8 ranks and one token, 3-5% at
+// 4 ranks and hidden 8192, and within 3% either way at 2 ranks (two device
+// sessions). Where neither fits the cap, clusters of two 256-thread blocks
+// ran 5-17% faster than one 512-thread block a row (hidden 4096 at 32 / 16
+// / 8 tokens and 2 / 4 / 8 ranks: 7.34 -> 6.98, 10.69 -> 9.69, 17.20 ->
+// 15.61 us; hidden 8192 likewise: 11.42 -> 9.70, 17.75 -> 15.78, 31.60 ->
+// 26.36; "Latency, tenth push"; 7-15% in the same cells in the next
+// session, "eleventh push"). Rows of 513-1024 vectors (hidden 8192 in
+// 16-bit types) take one vector a thread over 1024 threads where they took
+// two over 512 ("sixteenth push"): with a cluster a row, 1-16 tokens ran
+// 0.3-1.2 / 0.5-1.7 / 0.9-3.1 us faster at 2 / 4 / 8 ranks; where a row
+// takes two 512-thread blocks, 0.3-0.8 us slower at 2 ranks (32 tokens)
+// than two 256-thread blocks of two vectors a thread and 0.5 us faster at
+// 8 ranks. Two vectors a thread in smaller clusters ran 0.6-3.6 us slower.
 inline constexpr int kMinClusterBlockThreads = 64;
-inline constexpr int kClusterBlockThreads = 128;
-inline constexpr int kMaxClusterBlockThreads = 256;
+inline constexpr int kMaxClusterBlockThreads = kFusedNarrowThreads;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
-inline constexpr int kMaxClusterVectorsPerThread = 2;  // clustered kernels are built for 1 and 2
 inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, int64_t rows, int block_cap) {
-  RowPlan plan = PlanFusedRow(row_vectors);
-  if (plan.rows_per_block != 1 || plan.vectors_per_thread > kMaxClusterVectorsPerThread) {
-    return plan;
-  }
+  const RowPlan plan = PlanFusedRow(row_vectors);
+  if (plan.rows_per_block != 1 || plan.vectors_per_thread > 2) return plan;
+  const int threads_per_row = PlanRow(row_vectors, 1).threads_per_row;
   for (int threads = kMinClusterBlockThreads; threads <= kMaxClusterBlockThreads; threads *= 2) {
-    const int blocks = plan.threads_per_row / threads;
+    const int blocks = threads_per_row / threads;
     if (blocks >= 2 && blocks <= kMaxClusterBlocks && rows * blocks <= block_cap) {
-      plan.blocks_per_row = blocks;
-      return plan;
+      return {threads_per_row, 1, 1, blocks};
     }
   }
   return plan;
 }
 static_assert(PlanFusedOneShotRow(512, 1, 16).blocks_per_row == 512 / kMinClusterBlockThreads &&
                   PlanFusedOneShotRow(512, 1, 16).block_threads() == kMinClusterBlockThreads &&
-                  PlanFusedOneShotRow(512, 4, 16).blocks_per_row == 512 / kClusterBlockThreads &&
-                  PlanFusedOneShotRow(512, 4, 16).block_threads() == kClusterBlockThreads &&
-                  PlanFusedOneShotRow(1024, 1, 16).threads_per_row == kFusedNarrowThreads &&
-                  PlanFusedOneShotRow(1024, 1, 16).vectors_per_thread == 2 &&
-                  PlanFusedOneShotRow(512, 8, 16).blocks_per_row == 512 / kMaxClusterBlockThreads &&
-                  PlanFusedOneShotRow(512, 8, 16).block_threads() == kMaxClusterBlockThreads &&
+                  PlanFusedOneShotRow(512, 4, 16).blocks_per_row == 4 &&
+                  PlanFusedOneShotRow(512, 4, 16).block_threads() == 128 &&
+                  PlanFusedOneShotRow(512, 8, 16).blocks_per_row == 2 &&
+                  PlanFusedOneShotRow(512, 8, 16).block_threads() == 256 &&
                   PlanFusedOneShotRow(512, 9, 16).blocks_per_row == 1 &&
                   PlanFusedOneShotRow(512, 64, 16).blocks_per_row == 1 &&
+                  PlanFusedOneShotRow(1024, 1, 16).threads_per_row == kMaxThreadsPerRow &&
+                  PlanFusedOneShotRow(1024, 1, 16).vectors_per_thread == 1 &&
+                  PlanFusedOneShotRow(1024, 1, 16).block_threads() == 128 &&
+                  PlanFusedOneShotRow(1024, 8, 16).block_threads() == kMaxClusterBlockThreads &&
+                  PlanFusedOneShotRow(1024, 9, 16).threads_per_row == kFusedNarrowThreads &&
+                  PlanFusedOneShotRow(1024, 9, 16).vectors_per_thread == 2 &&
                   PlanFusedOneShotRow(2048, 1, 64).blocks_per_row == 1,
-              "fused one-shot clusters: PlanFusedRow's threads, a cluster a row within the cap, "
-              "of the smallest blocks that fit");
+              "fused one-shot clusters: one vector a thread, a cluster a row within the cap, "
+              "of the smallest blocks that fit; else PlanFusedRow's");
 static_assert(PlanFusedRow(512).vectors_per_thread == 1 && PlanFusedRow(513).vectors_per_thread == 2 &&
                   PlanFusedRow(1024).threads_per_row == kFusedNarrowThreads &&
                   PlanFusedRow(1025).vectors_per_thread == 3 &&
