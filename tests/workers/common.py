@@ -77,6 +77,18 @@ def norm_auto_takes_pair(comm, shape, dtype, residual_dtype, plain=True) -> bool
     return selection.choose_norm_path(comm, int(np.prod(shape)) * dtype.itemsize) == "composed"
 
 
+def ffi_all_reduce(comm, algorithm: str, op: str = "sum"):
+    """v -> the FFI target jax_ar_all_reduce on v with the kernel `algorithm`
+    names (the compiled module's numbering), whatever the cost model would
+    pick: for use inside shard_map (check_vma=False)."""
+    from jax_ar import _native
+
+    attrs = dict(comm_id=np.int64(comm.comm_id), op=np.int32(_native.OP_CODES[op]),
+                 algorithm=np.int32(_native.ALGORITHM_CODES[algorithm]))
+    return lambda v: jax.ffi.ffi_call("jax_ar_all_reduce",
+                                      jax.ShapeDtypeStruct(v.shape, v.dtype))(v, **attrs)
+
+
 def local_shards(y: jax.Array):
     """[(device, index, numpy data)] of this process's shards of `y`."""
     return [(s.device, s.index, np.asarray(s.data)) for s in y.addressable_shards]

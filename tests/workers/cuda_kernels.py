@@ -16,8 +16,8 @@ from jax.sharding import PartitionSpec as P
 import jax_ar
 from jax_ar import _native
 from common import (DTYPES, assert_bitwise_equal, assert_equal_nan_aware, emulate_all_reduce,
-                    global_array, local_shards, log, main_guard, run_suites, suites_in, random_values,
-                    same_on_all_processes)
+                    ffi_all_reduce, global_array, local_shards, log, main_guard, run_suites,
+                    suites_in, random_values, same_on_all_processes)
 
 SEED = int(os.environ.get("JAX_AR_TEST_SEED", "0"))
 # How every failure message of both backends ends (cuda/common/failure_text.h).
@@ -99,14 +99,8 @@ def check_ll_two_shot_chunks(mesh, comm, rng):
     cut, one launch's capacity, and one vector past it."""
     n = jax.device_count()
     cap = comm.capacity_bytes("twoshot_ll")
-    attrs = dict(comm_id=np.int64(comm.comm_id), op=np.int32(_native.OP_CODES["sum"]),
-                 algorithm=np.int32(_native.ALGORITHM_CODES["twoshot_ll"]))
-
-    def body(v):
-        return (jax.ffi.ffi_call("jax_ar_all_reduce", jax.ShapeDtypeStruct(v.shape, v.dtype))(
-            v, **attrs),)
-
-    f = sharded_call(mesh, body, 1, 1, check_vma=False)
+    ll_two_shot = ffi_all_reduce(comm, "twoshot_ll")
+    f = sharded_call(mesh, lambda v: (ll_two_shot(v),), 1, 1, check_vma=False)
     for nbytes in (n * (16 << 10) + 48, 523264, cap - 16, cap + 16):
         for dt in ("float32", "bfloat16"):
             size = nbytes // DTYPES[dt].itemsize
@@ -196,6 +190,71 @@ def fused_reference(parts, residual, gamma, eps, quantize, scale, post_gamma=Non
     return y.astype(dtype), residual_out, bound
 
 
+def fused_program(mesh, comm, hidden, algorithm, out_dtype, eps, quantize=False, post=False,
+                  with_bias=False):
+    """The FFI target jax_ar_all_reduce_rms_norm in a jitted shard_map of
+    (x rows split over "tp", residual, gamma, scale, then post_gamma and
+    bias where given) -> (out, residual_out), both replicated."""
+    # Absent vectors are [0, H] constants inside the program, as the
+    # primitive makes them: XLA:GPU's compiler crashes on a zero-size entry
+    # parameter (scripts/repro/xla_gpu_zero_size_param.py).
+    def body(xs, r, g, sc, *present):
+        present = list(present)
+        absent = jnp.zeros((0, hidden), jnp.float32)
+        pg = present.pop(0) if post else absent
+        b = present.pop(0) if with_bias else absent
+        return jax.ffi.ffi_call(
+            "jax_ar_all_reduce_rms_norm",
+            (jax.ShapeDtypeStruct(xs.shape, out_dtype), jax.ShapeDtypeStruct(r.shape, r.dtype)))(
+            xs, r, g, pg, b, sc, comm_id=np.int64(comm.comm_id),
+            algorithm=np.int32(_native.ALGORITHM_CODES[algorithm]), eps=np.float32(eps),
+            quantize=np.int32(quantize))
+
+    return jax.jit(jax.shard_map(body, mesh=mesh,
+                                 in_specs=(P("tp"),) + (P(),) * (3 + int(post) + int(with_bias)),
+                                 out_specs=(P(), P()), check_vma=False))
+
+
+def check_fused_layouts(mesh, comm, rng):
+    """A row's outputs are the same bits however its launch spread rows over
+    threads: one row alone (its threads over a cluster of blocks, one
+    vector each), 128 / (2 n) rows at n ranks (the most that still have a
+    cluster each, of two blocks: row_plan.h PlanFusedOneShotRow and
+    layout.h BlockCap), 48 rows (one block a row, two vectors a thread at
+    hidden 8192) and those 48 rows two-shot: the row's sums of squares add
+    in one order whatever the plan."""
+    n = jax.device_count()
+    eps = 1e-6
+    many = 48
+    layouts = (("one row", "oneshot", 1), ("two-block clusters", "oneshot", 64 // n),
+               ("oneshot", "oneshot", many), ("twoshot", "twoshot", many))
+    for dtype, residual_dtype, hidden, post in (("bfloat16", "bfloat16", 4096, False),
+                                                ("bfloat16", "bfloat16", 8192, False),
+                                                ("bfloat16", "float32", 8192, True),
+                                                ("float16", "float16", 6144, False)):
+        dt, rdt = DTYPES[dtype], DTYPES[residual_dtype]
+        x = rng.standard_normal((n, many, hidden)).astype(dt)
+        residual = rng.standard_normal((many, hidden)).astype(rdt)
+        gamma = (1 + 0.1 * rng.standard_normal((1, hidden))).astype(np.float32)
+        vectors = [(1 + 0.1 * rng.standard_normal((1, hidden))).astype(np.float32)] if post else []
+        results = {}
+        for name, algorithm, tokens in layouts:
+            f = fused_program(mesh, comm, hidden, algorithm, dt, eps, post=post)
+            outs = f(global_array(x[:, :tokens].reshape(n * tokens, hidden), mesh, P("tp")),
+                     global_array(residual[:tokens], mesh, P()), global_array(gamma, mesh, P()),
+                     jnp.float32(1), *[global_array(v, mesh, P()) for v in vectors])
+            jax.block_until_ready(outs)
+            comm.check()
+            results[name] = [local_shards(o)[0][2] for o in outs]
+        case = f"fused layouts/{dtype}+{residual_dtype}/{hidden}/post{int(post)}"
+        for name, _, rows in layouts[:2] + layouts[3:]:
+            for what, got, want in zip(("out", "residual_out"), results[name],
+                                       results["oneshot"]):
+                assert_bitwise_equal(got, want[:rows], f"{case}: {what} of {name} against oneshot")
+        same_on_all_processes(case, results["oneshot"])
+    log("fused layouts: ok")
+
+
 def suite_fused(mesh):
     """The FFI target jax_ar_all_reduce_rms_norm called directly (the Python
     primitive lives elsewhere): residual_out bit for bit (within float32
@@ -242,28 +301,9 @@ def suite_fused(mesh):
                     scale = np.float32(0.05)
                     out_dtype = ml_dtypes.float8_e4m3fn if quantize else dt
 
-                    # Absent vectors are [0, H] constants inside the program, as
-                    # the primitive makes them: XLA:GPU's compiler crashes on a
-                    # zero-size entry parameter (scripts/repro/xla_gpu_zero_size_param.py).
-                    def body(xs, r, g, sc, *present, post=post, with_bias=with_bias,
-                             hidden=hidden, algorithm=algorithm, quantize=quantize,
-                             out_dtype=out_dtype):
-                        present = list(present)
-                        absent = jnp.zeros((0, hidden), jnp.float32)
-                        pg = present.pop(0) if post else absent
-                        b = present.pop(0) if with_bias else absent
-                        return jax.ffi.ffi_call(
-                            "jax_ar_all_reduce_rms_norm",
-                            (jax.ShapeDtypeStruct(xs.shape, out_dtype),
-                             jax.ShapeDtypeStruct(r.shape, r.dtype)))(
-                            xs, r, g, pg, b, sc, comm_id=np.int64(comm.comm_id),
-                            algorithm=np.int32(_native.ALGORITHM_CODES[algorithm]),
-                            eps=np.float32(eps), quantize=np.int32(quantize))
-
                     vectors = [v for v, on in ((post_gamma, post), (bias, with_bias)) if on]
-                    f = jax.jit(jax.shard_map(body, mesh=mesh,
-                                              in_specs=(P("tp"),) + (P(),) * (3 + len(vectors)),
-                                              out_specs=(P(), P()), check_vma=False))
+                    f = fused_program(mesh, comm, hidden, algorithm, out_dtype, eps, quantize,
+                                      post, with_bias)
                     out, residual_out = f(global_array(x, mesh, P("tp")),
                                           global_array(residual, mesh, P()),
                                           global_array(gamma, mesh, P()), jnp.float32(scale),
@@ -304,6 +344,8 @@ def suite_fused(mesh):
                                                f"first got {got[bad][0]} want {want[bad][0]}")
                     same_on_all_processes(name, [local_shards(out)[0][2].view(np.uint8),
                                                  local_shards(residual_out)[0][2]])
+        if workspace is None:
+            check_fused_layouts(mesh, comm, rng)
         comm.check()
         comm.close()
     log("fused: ok")

@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ar
 from common import (DTYPES, OPS, SuiteSkipped, assert_bitwise_equal, assert_close_to_float64,
-                    expect_error, assert_equal_nan_aware, emulate_all_reduce, global_array,
-                    local_shards, log, main_guard, suites_in, random_values,
+                    expect_error, assert_equal_nan_aware, emulate_all_reduce, ffi_all_reduce,
+                    global_array, local_shards, log, main_guard, suites_in, random_values,
                     run_communicator_suites, same_on_all_processes)
 from lax_forms import compare_with_lax, leaf_type, run_tree_cases
 
@@ -635,14 +635,9 @@ def suite_kernel_codes(mesh, comm):
     if ON_GPU:
         raise SuiteSkipped("the CUDA handler runs every code")
     x = global_array(np.ones((comm.world_size * 4,), np.float32), mesh, P("tp"))
-
-    def body(v):
-        return jax.ffi.ffi_call("jax_ar_all_reduce", jax.ShapeDtypeStruct(v.shape, v.dtype))(
-            v, comm_id=np.int64(comm.comm_id), op=np.int32(0), algorithm=np.int32(3))
-
     expect_error(Exception, "algorithm 3 (twoshot_ll", lambda: jax.block_until_ready(jax.jit(
-        jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
-                      check_vma=False))(x)))
+        jax.shard_map(ffi_all_reduce(comm, "twoshot_ll"), mesh=mesh, in_specs=P("tp"),
+                      out_specs=P("tp"), check_vma=False))(x)))
     log("kernel_codes: ok")
 
 
