@@ -109,8 +109,9 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // two over 512 ("sixteenth push"): with a cluster a row, 1-16 tokens ran
 // 0.3-1.2 / 0.5-1.7 / 0.9-3.1 us faster at 2 / 4 / 8 ranks; where a row
 // takes two 512-thread blocks, 0.3-0.8 us slower at 2 ranks (32 tokens)
-// than two 256-thread blocks of two vectors a thread and 0.5 us faster at
-// 8 ranks. Two vectors a thread in smaller clusters ran 0.6-3.6 us slower.
+// than two 256-thread blocks of two vectors a thread and 0.4-1.0 us faster
+// at 8 ranks. Two vectors a thread in smaller clusters ran up to 4.3 us
+// slower (0.1-1.0 at 2 ranks).
 inline constexpr int kMinClusterBlockThreads = 64;
 inline constexpr int kMaxClusterBlockThreads = kFusedNarrowThreads;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
