@@ -38,6 +38,22 @@ namespace {
 // thread (row_plan.h FusedMaxThreads).
 constexpr int kFusedRanksInFlight = 2;
 
+// How many of a thread's vectors have their residual and gamma words loaded
+// before the first reduce (NormalizeReducedRow); registers decide. One-shot,
+// one or two vectors a thread: the first only, whose latency then hides
+// behind the packet waits (the fused call ran 3.5 us above the one-shot
+// all-reduce at 1 token without); holding the second's too, the two-vector
+// kernels spilled 32-80 bytes a thread and ran up to 1.4 us slower at 8
+// ranks (docs/gpu.md "Latency, sixteenth push"). Two-shot: both of a
+// two-vector thread, which then holds no packets and spills nothing; the
+// first only ran 0.2-1.0 us slower at 2 ranks and up to 1.5 at 4 (hidden
+// 8192, "seventeenth push"). Four vectors a thread: none (blocks of up to
+// 1024 threads leave 64 registers a thread, row_plan.h).
+template <int kVectors>
+inline constexpr int kOneShotEarlyVectors = kVectors <= 2 ? 1 : 0;
+template <int kVectors>
+inline constexpr int kTwoShotEarlyVectors = kVectors <= 2 ? kVectors : 0;
+
 // kCluster: a row's threads span a cluster of a.blocks_per_row blocks, one
 // row a cluster (row_plan.h PlanFusedOneShotRow); otherwise a block works on
 // blockDim.x / threads_per_row rows at once.
@@ -117,7 +133,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
       // Later rows from L2 (the loop above read them).
       mine[k] = base == first_base ? first_row[k] : LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
     }
-    NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster>(
+    NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster, kOneShotEarlyVectors<kVectors>>(
         a, row, active, partials,
         [&](int k, int i, float* acc) {
           const uint64_t packet = 2 * (row * a.row_vectors + i);
@@ -207,7 +223,8 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
       const int64_t group_row = base + threadIdx.x / tpr;
       const int64_t row = a.rank * a.group_rows + group_row;
       const bool active = group_row < hi && row < a.rows;
-      NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false>(
+      NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false,
+                          kTwoShotEarlyVectors<kVectors>>(
           a, row, active, partials,
           [&](int, int i, float* acc) {
             const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);

@@ -156,12 +156,14 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
 // the float32 sum over ranks of vector i (the k-th of this thread) in t;
 // the bias is added, the post-norm applied, the residual added, and the
 // residual_out words (R rounded) go to emit_residual(i, words); the
-// normalized lanes go to emit_out(i, y). Every thread of the block (of the
-// cluster, with kCluster) must call it together (InverseRmsOfRow
-// synchronizes); with kCluster once a launch, after every block of the
-// cluster started (ClusterRowSum: its copies are not written twice).
-template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, typename Reduce,
-          typename EmitResidual, typename EmitOut>
+// normalized lanes go to emit_out(i, y). The first kEarlyVectors vectors'
+// residual and gamma words are loaded before the first reduce (below).
+// Every thread of the block (of the cluster, with kCluster) must call it
+// together (InverseRmsOfRow synchronizes); with kCluster once a launch,
+// after every block of the cluster started (ClusterRowSum: its copies are
+// not written twice).
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, int kEarlyVectors,
+          typename Reduce, typename EmitResidual, typename EmitOut>
 __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
                                                     bool active, double* partials, Reduce&& reduce,
                                                     EmitResidual&& emit_residual,
@@ -180,28 +182,20 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
           ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
                              static_cast<uint32_t>(a.rows_per_group))
           : 0;
-  // With one or two vectors a thread (rows up to 1024 vectors), the first
-  // vector's residual and gamma words are read before the sum over ranks
-  // is awaited, so that their latency hides behind the exchange (measured:
-  // the fused call 3.5 us above the one-shot all-reduce at 1 token
-  // without); the second vector's and longer rows' when needed (registers:
-  // the two-vector kernels spilled 32-80 bytes a thread holding both, and
-  // ran up to 1.4 us slower at 8 ranks, docs/gpu.md "Latency, sixteenth
-  // push"; the four-vector kernels' blocks of up to 1024 threads have 64 a
-  // thread, row_plan.h).
-  constexpr int kEarlyVectors = kVectors <= 2 ? 1 : 0;
-  constexpr bool kEarlyLoads = kEarlyVectors > 0;
-  constexpr int kEarly = kEarlyLoads ? kEarlyVectors : 1;
+  // The first kEarlyVectors vectors' residual and gamma words are read
+  // before the first reduce, so that their latency hides behind the
+  // exchange (one-shot) or the peers' loads (two-shot); the others' when
+  // needed. Which kernels hold how many: all_reduce_rms_norm_kernels.cu.
+  static_assert(kEarlyVectors >= 0 && kEarlyVectors <= kVectors);
+  constexpr int kEarly = kEarlyVectors > 0 ? kEarlyVectors : 1;  // arrays of at least one
   uint4 early_residual[kEarly][RL::kWords];
   float early_gamma[kEarly][kLanes];
-  if constexpr (kEarlyLoads) {
 #pragma unroll
-    for (int k = 0; k < kEarlyVectors; ++k) {
-      const int i = lane + k * tpr;
-      if (active && i < a.row_vectors) {
-        RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, early_residual[k]);
-        LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, early_gamma[k]);
-      }
+  for (int k = 0; k < kEarlyVectors; ++k) {
+    const int i = lane + k * tpr;
+    if (active && i < a.row_vectors) {
+      RL::Load(RowOf(a.residual, row, ResidualRowBytes<D, R>(a)), i, early_residual[k]);
+      LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, early_gamma[k]);
     }
   }
   // Rows are kept as the stored residual stream in between (half the
