@@ -45,10 +45,11 @@ constexpr int kFusedRanksInFlight = 2;
 // all-reduce at 1 token without); holding the second's too, the two-vector
 // kernels spilled 32-80 bytes a thread and ran up to 1.4 us slower at 8
 // ranks (docs/gpu.md "Latency, sixteenth push"). Two-shot: both of a
-// two-vector thread, which then holds no packets and spills nothing; the
-// first only ran 0.2-1.0 us slower at 2 ranks and up to 1.5 at 4 (hidden
-// 8192, "seventeenth push"). Four vectors a thread: none (blocks of up to
-// 1024 threads leave 64 registers a thread, row_plan.h).
+// two-vector thread, which holds no packets and spills nothing then; the
+// first only ran 0.1-1.2 us slower at 2 ranks (hidden 8192, 256 KB-4 MB)
+// and 0.7-2.5 at 4 ranks and 256 KB, with the runs overlapping at 4 ranks
+// from 1 MB and at 8 ("seventeenth push"). Four vectors a thread: none
+// (blocks of up to 1024 threads leave 64 registers a thread, row_plan.h).
 template <int kVectors>
 inline constexpr int kOneShotEarlyVectors = kVectors <= 2 ? 1 : 0;
 template <int kVectors>
