@@ -36,6 +36,20 @@ __device__ __forceinline__ T WarpSum(T value, int width) {
   return value;
 }
 
+/// The sum of a row's `warps` warp sums, stored at row_partials[0..warps)
+/// by their warps' first lanes, in the row's warp order, once every warp of
+/// the block stored its own. Every thread of the block must call this
+/// together; with kPartialsReused it ends with a barrier, so that the same
+/// threads may store into the partials again.
+template <bool kPartialsReused, typename T>
+__device__ __forceinline__ T SumWarpPartials(const T* row_partials, int warps) {
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < warps; ++w) total += row_partials[w];
+  if constexpr (kPartialsReused) __syncthreads();
+  return total;
+}
+
 /// Sum of `value` over the threads_per_row threads (a power of two) of one
 /// row. `lane` is this thread's place in the row's group, `row` the group's
 /// place among the rows its block works on at once. Groups wider than a warp
@@ -50,11 +64,7 @@ __device__ __forceinline__ T RowSum(T value, int threads_per_row, int lane, int 
   const int warps = threads_per_row / 32;
   T* row_partials = partials + row * warps;
   if (lane % 32 == 0) row_partials[lane / 32] = value;
-  __syncthreads();
-  T total = 0;
-  for (int w = 0; w < warps; ++w) total += row_partials[w];
-  if constexpr (kPartialsReused) __syncthreads();
-  return total;
+  return SumWarpPartials<kPartialsReused>(row_partials, warps);
 }
 
 /// RowSum of a row whose threads each hold the sums of kSums of its
@@ -78,11 +88,7 @@ __device__ __forceinline__ T RowSumOfVectors(const T (&sums)[kSums], int threads
       const T value = WarpSum(sums[k], 32);
       if (lane % 32 == 0) row_partials[(lane + k * threads_per_row) / 32] = value;
     }
-    __syncthreads();
-    T total = 0;
-    for (int w = 0; w < warps; ++w) total += row_partials[w];
-    if constexpr (kPartialsReused) __syncthreads();
-    return total;
+    return SumWarpPartials<kPartialsReused>(row_partials, warps);
   }
 }
 
