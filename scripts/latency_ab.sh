@@ -24,12 +24,15 @@
 #   "run CMD..."                        any command under the same MPS daemon
 #                                       (python -m jax_ar bench --op rms_norm, a
 #                                       test worker), with this tree's jax_ar
-# each at RANKS (default "2 4 8") ranks. Logs go to OUT.log.
+# each at RANKS (default "2 4 8") ranks, each run of a job at most JOB_TIMEOUT_S
+# seconds (default 300: a kernel variant that hangs costs no more). Logs go
+# to OUT.log.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$(realpath "$1")"; shift
 LOG="$OUT.log"
 RANKS="${RANKS:-2 4 8}"
+JOB_TIMEOUT_S="${JOB_TIMEOUT_S:-300}"
 PYTHON="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 JAX_AR_TIMEOUT_S="${JAX_AR_TIMEOUT_S:-60}"
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/jax_ar_ab_mps CUDA_MPS_LOG_DIRECTORY=/tmp/jax_ar_ab_mps_log
@@ -76,8 +79,8 @@ launch_each() {
   local n
   for n in $RANKS; do
     echo "===== $label, $n ranks ($(date -u +%H:%M:%S)): $*" >> "$LOG"
-    (cd "$dir" && PYTHONPATH="$dir" timeout 300 "$PYTHON" -m jax_ar launch --platform gpu \
-      --timeout 280 -n "$n" "$script" "$@") 2>&1 \
+    (cd "$dir" && PYTHONPATH="$dir" timeout "$JOB_TIMEOUT_S" "$PYTHON" -m jax_ar launch --platform gpu \
+      --timeout $((JOB_TIMEOUT_S - 20)) -n "$n" "$script" "$@") 2>&1 \
       | sed "s/^\(\[rank 0\] \)\?per call:/per call ($label, $n ranks):/" >> "$LOG" \
       || echo "FAILED: $label at $n ranks" | tee -a "$LOG"
   done
@@ -97,14 +100,14 @@ own() {  # own VARIANT DIR ARGS...
 bench() {  # bench VARIANT DIR ARGS...
   local variant="$1" dir; dir="$(realpath "$2")"; shift 2
   echo "===== bench $variant ($(date -u +%H:%M:%S)): $*" >> "$LOG"
-  (cd "$dir" && PYTHONPATH="$dir" timeout 300 "$PYTHON" -m jax_ar bench --platform gpu "$@") 2>&1 \
+  (cd "$dir" && PYTHONPATH="$dir" timeout "$JOB_TIMEOUT_S" "$PYTHON" -m jax_ar bench --platform gpu "$@") 2>&1 \
     | sed "s/^/bench ($variant): /" >> "$LOG" \
     || echo "FAILED: bench $variant" | tee -a "$LOG"
 }
 
 run() {  # run CMD...
   echo "===== run ($(date -u +%H:%M:%S)): $*" >> "$LOG"
-  PYTHONPATH="$here" JAX_AR_TEST_PLATFORM=gpu timeout 300 "$@" >> "$LOG" 2>&1 \
+  PYTHONPATH="$here" JAX_AR_TEST_PLATFORM=gpu timeout "$JOB_TIMEOUT_S" "$@" >> "$LOG" 2>&1 \
     || echo "FAILED: $*" | tee -a "$LOG"
 }
 

@@ -62,10 +62,17 @@ template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
-  // Clustered rows: one copy for each of the row's sums (ClusterRowSum).
-  __shared__ double partials[(kCluster ? kRowSumCopies : 1) * kMaxWarpsPerRow];
-  // Peers' stores into this block's partials wait for this (ClusterWait below).
-  if constexpr (kCluster) ClusterArriveRelaxed();
+  // Clustered rows: a slot for each of the row's sums (ClusterRowSum).
+  __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : kMaxWarpsPerRow];
+  // The other blocks' stores into this block's slots wait for this
+  // (ClusterWait below).
+  if constexpr (kCluster) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kRowSumSlots; ++s) ReadyRowSumSlot(scratch[s], a.threads_per_row / 32);
+      FenceRowSumSlotsReady();
+    }
+    ClusterArriveRelaxed();
+  }
   const int tpr = a.threads_per_row;
   const int lane = RowLane<kCluster>(a);
   const int rows_at_once = kCluster ? 1 : blockDim.x / tpr;
@@ -89,10 +96,10 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
     }
   }
   // A launch that may not run fills its outputs. Its blocks return at once,
-  // except in clusters: there every block takes part in the norm's cluster
-  // barriers, sending, awaiting and storing nothing, so that no block waits
-  // at a barrier for one that left (the blocks of a launch may disagree on
-  // running if a failure is recorded as they start).
+  // except in clusters: there every block takes part in the cluster barrier
+  // and the row sums (ClusterRowSum), sending, awaiting and storing nothing
+  // else, so that no block waits for one that left (the blocks of a launch
+  // may disagree on running if a failure is recorded as they start).
   LaunchContext ctx;
   const bool live = StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); });
   if (!kCluster && !live) return;
@@ -119,9 +126,9 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
       SendPacketPair(a, parity, a.slot_bytes, 2 * (row * a.row_vectors + i), v, flags);
     }
   }
-  // Every block of the cluster has started: their partials may be written.
-  // A cluster has one row (the launch has a cluster a row), so its loop
-  // below runs once and each copy of partials is written once.
+  // Every block of the cluster has started and readied its slots: they may
+  // be written. A cluster has one row (the launch has a cluster a row), so
+  // its loop below runs once and each slot takes one sum.
   if constexpr (kCluster) ClusterWait();
   for (int64_t base = first_base; base < a.rows; base += base_stride) {
     const int64_t row = base + threadIdx.x / tpr;
@@ -135,7 +142,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
       mine[k] = base == first_base ? first_row[k] : LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
     }
     NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster, kOneShotEarlyVectors<kVectors>>(
-        a, row, active, partials,
+        a, row, active, scratch,
         [&](int k, int i, float* acc) {
           const uint64_t packet = 2 * (row * a.row_vectors + i);
           float next[kLanes];

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/launch_protocol.cuh"
 #include "gpu/norm_lanes.cuh"
@@ -113,10 +114,15 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
   }
 }
 
-// Copies of kMaxWarpsPerRow warp sums a clustered row's partials
-// hold: one for each of its sums (post-norm and norm; ClusterRowSum writes
-// a copy once).
-inline constexpr int kRowSumCopies = 2;
+// Slots of a clustered row (ClusterRowSum): one for each of its sums
+// (post-norm and norm).
+inline constexpr int kRowSumSlots = 2;
+
+// Where a row's threads meet to sum: warp partials in the block's shared
+// memory (kMaxWarpsPerRow doubles), or, for a row that spans a cluster, its
+// kRowSumSlots slots.
+template <bool kCluster>
+using RowSumScratch = std::conditional_t<kCluster, ClusterRowSumSlot, double>;
 
 // How many sums of squares a thread of kVectors vectors keeps: rows of two
 // vectors a thread (PlanFusedRow: 513-1024 vectors) sum each vector apart,
@@ -132,21 +138,22 @@ inline constexpr int kSquareSums = kVectors == 2 ? 2 : 1;
 // threads or, for a row that spans a cluster (kCluster: one vector a
 // thread), over the cluster's. Every thread of the block (of the cluster)
 // must call it together. `nth` (0 or 1) is which of the row's sums this
-// is: a clustered row writes the nth of its kRowSumCopies copies in
-// `partials`, a one-block row the one copy it has, behind a barrier.
+// is: a clustered row takes the nth of its kRowSumSlots slots in
+// `scratch`, a one-block row the partials it has, behind a barrier.
 template <bool kCluster, int kSums>
 __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
                                                  const double (&sums)[kSums], int hidden,
-                                                 int lane, double* partials, int nth) {
+                                                 int lane, RowSumScratch<kCluster>* scratch,
+                                                 int nth) {
   const int tpr = a.threads_per_row;
   double total;
   if constexpr (kCluster) {
     static_assert(kSums == 1, "clustered rows hold one vector a thread");
-    total = ClusterRowSum(sums[0], tpr, lane, partials + nth * kMaxWarpsPerRow);
+    total = ClusterRowSum(sums[0], tpr, lane, scratch[nth]);
   } else {
     // Blocks loop over rows: partials are written again by the next row.
     total = RowSumOfVectors</*kPartialsReused=*/true>(sums, tpr, lane, threadIdx.x / tpr,
-                                                      partials);
+                                                      scratch);
   }
   return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
 }
@@ -160,12 +167,13 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
 // residual and gamma words are loaded before the first reduce (below).
 // Every thread of the block (of the cluster, with kCluster) must call it
 // together (InverseRmsOfRow synchronizes); with kCluster once a launch,
-// after every block of the cluster started (ClusterRowSum: its copies are
-// not written twice).
+// after every block of the cluster started (ClusterRowSum: a slot takes one
+// sum).
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, int kEarlyVectors,
           typename Reduce, typename EmitResidual, typename EmitOut>
 __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
-                                                    bool active, double* partials, Reduce&& reduce,
+                                                    bool active, RowSumScratch<kCluster>* scratch,
+                                                    Reduce&& reduce,
                                                     EmitResidual&& emit_residual,
                                                     EmitOut&& emit_out) {
   using RL = ResidualLanes<D, R>;
@@ -232,7 +240,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       AddSquares<kLanes>(t[k], post_sum_of_squares[kSums == 1 ? 0 : k]);
     }
     const float post_inv_rms =
-        InverseRmsOfRow<kCluster>(a, post_sum_of_squares, hidden, lane, partials, 0);
+        InverseRmsOfRow<kCluster>(a, post_sum_of_squares, hidden, lane, scratch, 0);
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -255,7 +263,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     }
   }
   const float inv_rms =
-      InverseRmsOfRow<kCluster>(a, sum_of_squares, hidden, lane, partials, kPostNorm ? 1 : 0);
+      InverseRmsOfRow<kCluster>(a, sum_of_squares, hidden, lane, scratch, kPostNorm ? 1 : 0);
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = lane + k * tpr;

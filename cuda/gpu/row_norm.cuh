@@ -1,15 +1,15 @@
 // The inverse RMS of a row, as both CUDA norm kernels (rms_norm.cu and
 // all_reduce_rms_norm_kernels.cu) compute it: each thread adds the squares of
 // its lanes in double, the threads of the row sum their partial sums (warp
-// shuffles, then shared memory for rows wider than a warp), and the CPU's
-// formula (common/inverse_rms.h) turns the sum into 1 / sqrt(mean + eps).
+// shuffles, then shared memory for rows wider than a warp, or the shared
+// memory of a cluster's blocks), and the CPU's formula
+// (common/inverse_rms.h) turns the sum into 1 / sqrt(mean + eps).
 #pragma once
-
-#include <cooperative_groups.h>
 
 #include <cstdint>
 
 #include "common/inverse_rms.h"
+#include "gpu/row_plan.h"
 
 namespace jax_ar::gpu {
 
@@ -94,10 +94,11 @@ __device__ __forceinline__ T RowSumOfVectors(const T (&sums)[kSums], int threads
 
 // A cluster barrier in two halves. A kernel whose blocks store into each
 // other's shared memory (ClusterRowSum) arrives at its start and waits
-// before its first such store, since a block's shared memory exists only
-// once it runs; the blocks of a cluster are scheduled together, so the
-// wait, after the exchange, should find every arrival there. Relaxed: the
-// arrival publishes no memory.
+// before its first such store, since a block's shared memory (and the
+// barrier the stores complete on) exists only once it runs; the blocks of a
+// cluster are scheduled together, so the wait, after the exchange, should
+// find every arrival there. Relaxed: the arrival publishes no memory but
+// the barriers' initialization (FenceRowSumSlotsReady).
 __device__ __forceinline__ void ClusterArriveRelaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
@@ -105,31 +106,78 @@ __device__ __forceinline__ void ClusterWait() {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
 
+/// Where one ClusterRowSum lands in each block of the cluster: the row's
+/// warp sums, in the row's warp order, and the transaction barrier (an
+/// mbarrier) their stores complete on.
+struct ClusterRowSumSlot {
+  double sums[kMaxWarpsPerRow];
+  uint64_t arrived;
+};
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// Readies this block's `slot` for one ClusterRowSum of a row of `warps`
+/// warps: its barrier completes once `warps` 8-byte sums have landed. One
+/// thread of the block calls it for each slot, then FenceRowSumSlotsReady,
+/// before the block's ClusterArriveRelaxed.
+__device__ __forceinline__ void ReadyRowSumSlot(ClusterRowSumSlot& slot, int warps) {
+  const uint32_t bar = SharedAddress(&slot.arrived);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+               "r"(static_cast<uint32_t>(warps * sizeof(double)))
+               : "memory");
+}
+/// Makes the barriers ReadyRowSumSlot set up visible to the cluster's
+/// blocks once they see this block's cluster arrival.
+__device__ __forceinline__ void FenceRowSumSlotsReady() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
 /// RowSum of a row whose threads span the blocks of a cluster (block r of
 /// the cluster holds the row's threads r * blockDim.x ...): lane q of every
-/// warp stores the warp's sum into block q's `copy` at the warp's place in
-/// the row, and after one cluster barrier every block adds its own copy in
-/// the row's warp order, as RowSum adds them within a block (the same sum,
-/// bit for bit, as one block of the same threads_per_row). No load crosses
-/// blocks, and one barrier a sum: loading the other blocks' sums through
-/// distributed shared memory took a barrier before (for the stores) and one
-/// after (no block may write them again or exit while another reads).
-/// Every thread of the cluster must call this together, after every block
-/// started (ClusterArriveRelaxed, ClusterWait); a `copy` may be written
-/// again only after a later ClusterRowSum's barrier, which no block passes
-/// before every block has read it.
-template <typename T>
-__device__ __forceinline__ T ClusterRowSum(T value, int threads_per_row, int lane, T* copy) {
+/// warp stores the warp's sum into block q's `slot` at the warp's place in
+/// the row, by an asynchronous store that completes its bytes on block q's
+/// barrier; every block waits on its own barrier and adds its copy in the
+/// row's warp order, as RowSum adds them within a block (the same sum, bit
+/// for bit, as one block of the same threads_per_row). No load crosses
+/// blocks and no cluster barrier is passed: the barrier's release ordered
+/// every earlier store of the thread (the LL packets to peers among them)
+/// before the sums, and the calls ran 0.3-1.2 us slower with it at 2 and 4
+/// ranks (docs/gpu.md "Latency, eighteenth push"). Every thread of the
+/// cluster must call this together, after every block started and readied
+/// `slot` (ReadyRowSumSlot, ClusterArriveRelaxed, ClusterWait); a slot
+/// takes one sum a launch. No block leaves before the sums into its slots
+/// have landed, and every block's stores into it precede that.
+__device__ __forceinline__ double ClusterRowSum(double value, int threads_per_row, int lane,
+                                                ClusterRowSumSlot& slot) {
   value = WarpSum(value, 32);  // a clustered row is whole warps
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
   const int warps = threads_per_row / 32;
   const int blocks = threads_per_row / static_cast<int>(blockDim.x);
   const int q = lane % 32;  // every lane of the warp holds its sum
-  if (q < blocks) *cluster.map_shared_rank(copy + lane / 32, q) = value;
-  cluster.sync();
-  T total = 0;
-  for (int w = 0; w < warps; ++w) total += copy[w];
+  if (q < blocks) {
+    uint32_t theirs, their_bar;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(theirs)
+        : "r"(SharedAddress(slot.sums + lane / 32)), "r"(q));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(their_bar) : "r"(SharedAddress(&slot.arrived)), "r"(q));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(
+                     theirs),
+                 "l"(__double_as_longlong(value)), "r"(their_bar)
+                 : "memory");
+  }
+  const uint32_t bar = SharedAddress(&slot.arrived);
+  uint32_t landed = 0;
+  while (!landed) {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+        : "=r"(landed)
+        : "r"(bar)
+        : "memory");
+  }
+  double total = 0;
+  for (int w = 0; w < warps; ++w) total += slot.sums[w];
   return total;
 }
 
