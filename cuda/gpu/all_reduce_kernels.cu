@@ -9,7 +9,8 @@
 // one-shot      Each thread owns 16-byte vectors of the message. It sends
 //               all of them to every peer as LL packets (slot `rank` of the
 //               peer's LL half), then takes every rank's packets of each
-//               vector in rank order, one peer's at a time, and reduces.
+//               vector in rank order, one peer's at a time at 2 ranks and
+//               two ranks' at a time from 3, and reduces.
 //               No barrier, no separate flag: the data carries its own
 //               readiness.
 // two-shot, LL  The message is cut into `world` chunks; rank j reduces chunk
@@ -78,9 +79,14 @@ __device__ __forceinline__ Dtype DtypeAt(const AllReduceArgs<kSegments>& a, uint
 // The protocol probe's stand-in for a reduction: the words xor-ed.
 struct XorAccumulator {
   uint4 words{};
-  __device__ __forceinline__ void Add(const RankBatch<1>& batch) {
-    const uint4 d = batch.Data(0);
-    words = make_uint4(words.x ^ d.x, words.y ^ d.y, words.z ^ d.z, words.w ^ d.w);
+  template <int kWidth>
+  __device__ __forceinline__ void Add(const RankBatch<kWidth>& batch) {
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      if (j >= batch.count) break;
+      const uint4 d = batch.Data(j);
+      words = make_uint4(words.x ^ d.x, words.y ^ d.y, words.z ^ d.z, words.w ^ d.w);
+    }
   }
 };
 
@@ -102,8 +108,11 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 // type and op, which the host picks (TypedKernel): a quarter of the
 // code and 76-80 registers against 130, and 1-10% faster a call at 2, 4
 // and 8 ranks, 1-256 KB (23 of 24 cells over two runs, 2026-12-02,
-// docs/gpu.md "Latency, seventh push").
-template <int kSegments, OneShotPart kPart = OneShotPart::kAll, typename Fixed = void>
+// docs/gpu.md "Latency, seventh push"). kRanksInFlight: how many ranks'
+// packets of a vector one read takes (packets.cuh GatherRanks; the host
+// picks, kOneShotRanksInFlight).
+template <int kSegments, OneShotPart kPart = OneShotPart::kAll, typename Fixed = void,
+          int kRanksInFlight = 1>
 __global__ void __launch_bounds__(kOneShotWideThreads, 1)
     OneShotKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
   constexpr bool kHeader = kPart == OneShotPart::kAll;
@@ -135,12 +144,10 @@ __global__ void __launch_bounds__(kOneShotWideThreads, 1)
     // From L2 (this launch read it): an output may alias its input, and
     // each thread reads a vector before it writes that vector's result.
     const uint4 mine = v == first ? first_input : OneShotInput<kSegments, kPart>(a, v, hint);
-    // One peer's packets at a time: all of them in flight at once measured
-    // 1.1-1.2x slower at 2 ranks, 1.3-1.6x at 4 and 1.5x at 8 (16 KB and 256 KB,
-    // 2026-12-02, docs/gpu.md), and takes 220 registers a thread, not 94.
     const auto take = [&](auto& sum) {
-      return TakeInRankOrder<1>(a, half, a.slot_bytes, 2 * v, ctx.flags, waiter, mine,
-                                [&](const RankBatch<1>& batch) { sum.Add(batch); });
+      return TakeInRankOrder<kRanksInFlight>(
+          a, half, a.slot_bytes, 2 * v, ctx.flags, waiter, mine,
+          [&](const RankBatch<kRanksInFlight>& batch) { sum.Add(batch); });
     };
     if constexpr (kSum) {
       if constexpr (std::is_void_v<Fixed>) {
@@ -180,9 +187,9 @@ __device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint6
 template <int kSegments, typename Fixed = void>
 __global__ void __launch_bounds__(kOneShotThreads, 2)
     TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  // One peer's packets at a time, as the one-shot: every peer's in flight
-  // measured 1.2-1.6x slower at 2, 4 and 8 ranks (16 KB and 256 KB,
-  // 2026-12-02, docs/gpu.md).
+  // One peer's packets at a time: every peer's in flight measured 1.2-1.6x
+  // slower at 2, 4 and 8 ranks (16 KB and 256 KB, 2026-12-02, docs/gpu.md);
+  // two at a time, as the one-shot from 3 ranks, is not measured here.
   constexpr int kWidth = 1;
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
@@ -385,11 +392,31 @@ cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, in
   return cudaErrorInvalidValue;
 }
 
+// Ranks whose packets the typed one-shot instances read at once from 3
+// ranks (packets.cuh GatherRanks); at 2 ranks, one. Every peer's at once
+// measured 1.1-1.6x slower at 2, 4 and 8 ranks (16 and 256 KB, 2026-12-02,
+// "Latency, third push": 220 registers a thread). Two ranks at a time
+// against one (95-104 registers a thread against 76-80, no spills), two
+// runs each at 1-256 KB: at 4 ranks 0.1-0.5 us faster, at 8 ranks 0.3-1.1
+// faster in every pairing; at 2 ranks, where one read takes this rank and
+// its peer, 0.3-0.4 slower at 16 KB and up to 0.3 faster at 1 and 64 KB
+// (2026-12-04, docs/gpu.md "Latency, nineteenth push"). Four at a time
+// (124-128 registers) ran within the runs of two at 4 and 8 ranks. The
+// dispatching instance (twelve copies of the wait loop) spilled 300-800
+// bytes a thread with two or four, and reads one rank at a time.
+constexpr int kOneShotRanksInFlight = 2;
+
 // The LL kernels' instances for one-array launches, by their Fixed
-// accumulator.
+// accumulator: the one-shot's reading one rank at a time, and
+// kOneShotRanksInFlight (OneShotWideOf).
 template <typename Fixed>
 struct OneShotOf {
   static constexpr OneArrayKernel kKernel = OneShotKernel<1, OneShotPart::kAll, Fixed>;
+};
+template <typename Fixed>
+struct OneShotWideOf {
+  static constexpr OneArrayKernel kKernel =
+      OneShotKernel<1, OneShotPart::kAll, Fixed, kOneShotRanksInFlight>;
 };
 template <typename Fixed>
 struct TwoShotLLOf {
@@ -423,8 +450,10 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
   switch (kernel) {
     case AllReduceKernel::kOneShot:
       if constexpr (kSegments == 1) {
-        return LaunchOneArray(TypedKernel<OneShotOf>(args.segments[0].dtype, args.op), args,
-                              blocks, threads, stream);
+        const Dtype dtype = args.segments[0].dtype;
+        return LaunchOneArray(args.world > 2 ? TypedKernel<OneShotWideOf>(dtype, args.op)
+                                             : TypedKernel<OneShotOf>(dtype, args.op),
+                              args, blocks, threads, stream);
       } else {
         OneShotKernel<kSegments><<<blocks, threads, 0, stream>>>(args);
       }
@@ -498,6 +527,7 @@ cudaError_t LoadKernels() {
   for (Dtype d : {Dtype::kF32, Dtype::kBF16, Dtype::kF16, Dtype::kS32}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
       for (OneArrayKernel k : {TypedKernel<OneShotOf>(d, static_cast<int>(op)),
+                               TypedKernel<OneShotWideOf>(d, static_cast<int>(op)),
                                TypedKernel<TwoShotLLOf>(d, static_cast<int>(op))}) {
         const cudaError_t err = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k));
         if (err != cudaSuccess) return err;

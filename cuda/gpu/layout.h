@@ -50,9 +50,9 @@ inline constexpr int BlockCap(int world) {
 // kOneShotMaxThreads, then of kOneShotWideThreads once 256 a block would
 // give a thread more than one vector (8 ranks from 128 KB, 4 from 256 KB,
 // 2 from 512 KB): each vector a thread holds costs it a round trip. The
-// one-shot reads one peer's packets at a time (76-80 registers a thread in
-// the typed instances, so 512-thread blocks need no spills). Measured on
-// the H200: docs/gpu.md.
+// one-shot reads one or two ranks' packets at a time (76-80 and 95-104
+// registers a thread in the typed instances, so 512-thread blocks need no
+// spills). Measured on the H200: docs/gpu.md.
 inline constexpr int kOneShotThreads = 128;
 inline constexpr int kOneShotMaxThreads = 256;
 inline constexpr int kOneShotWideThreads = 512;

@@ -32,9 +32,11 @@ __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity
 
 // Ranks whose packets one round of reads has in flight at once, by default:
 // every peer of an 8-GPU node in one round trip (the protocol probe's
-// packet stage; about 130 registers a thread). The all-reduce kernels read
-// one peer at a time (faster at every world size measured, docs/gpu.md),
-// the fused kernel two.
+// packet stage; about 130 registers a thread). Every peer's at once was
+// slower in the all-reduce kernels at every world size measured
+// (docs/gpu.md): the one-shot reads one rank at a time at 2 ranks and two
+// from 3 (all_reduce_kernels.cu kOneShotRanksInFlight), the LL two-shot
+// one, the fused kernel two.
 inline constexpr int kRanksInFlight = 8;
 
 // The vectors of ranks [base, base + kSize) at one place of their slots, as
