@@ -397,10 +397,11 @@ cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, in
 // measured 1.1-1.6x slower at 2, 4 and 8 ranks (16 and 256 KB, 2026-12-02,
 // "Latency, third push": 220 registers a thread). Two ranks at a time
 // against one (95-104 registers a thread against 76-80, no spills), two
-// runs each at 1-256 KB: at 4 ranks 0.1-0.5 us faster, at 8 ranks 0.3-1.1
-// faster in every pairing; at 2 ranks, where one read takes this rank and
-// its peer, 0.3-0.4 slower at 16 KB and up to 0.3 faster at 1 and 64 KB
-// (2026-12-04, docs/gpu.md "Latency, nineteenth push"). Four at a time
+// runs each at 1-256 KB: at 8 ranks 0.35-1.1 us faster in every pairing, at
+// 4 ranks 0.06-0.5 faster at 1, 64 and 256 KB and within -0.15..+0.16 at
+// 16 KB; at 2 ranks, where one read takes this rank and its peer, 0.3-0.4
+// slower at 16 KB and 0.1-0.3 faster at 1 and 64 KB (2026-12-04,
+// docs/gpu.md "Latency, nineteenth push"). Four at a time
 // (124-128 registers) ran within the runs of two at 4 and 8 ranks. The
 // dispatching instance (twelve copies of the wait loop) spilled 300-800
 // bytes a thread with two or four, and reads one rank at a time.
