@@ -16,10 +16,11 @@
 // two-shot, LL  The message is cut into `world` chunks; rank j reduces chunk
 //               j. Each thread owns vector v of every chunk: it sends vector
 //               v of chunk j to rank j, awaits vector v of its own chunk from
-//               every peer (one peer at a time), reduces, sends the result
-//               to every peer and awaits their reduced vectors v. Half the bytes of one-shot
-//               per rank and no barrier either: what a latency-bound message
-//               over many ranks wants.
+//               every peer, reduces, sends the result to every peer and
+//               awaits their reduced vectors v (each wait one peer's packets
+//               at a time at 2 ranks, two ranks' from 3). Half the bytes of
+//               one-shot per rank and no barrier either: what a
+//               latency-bound message over many ranks wants.
 // two-shot,     The same cut with plain 16-byte stores; each block then
 //   plain       raises one flag per peer (release) and waits for the same
 //               block of every peer (acquire). Half the bytes of LL two-shot:
@@ -183,14 +184,12 @@ __device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint6
 // Fixed as OneShotKernel's: the typed instances were 2.6-9% faster a call
 // than the dispatching kernel at 2, 4 and 8 ranks, 1-256 KB (11 of 12
 // cells; 0.1% at 4 ranks and 1 KB; 2026-12-02, docs/gpu.md "Latency,
-// eighth push").
-template <int kSegments, typename Fixed = void>
+// eighth push"). kRanksInFlight as OneShotKernel's (the host picks,
+// kTwoShotLLRanksInFlight).
+template <int kSegments, typename Fixed = void, int kRanksInFlight = 1>
 __global__ void __launch_bounds__(kOneShotThreads, 2)
     TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  // One peer's packets at a time: every peer's in flight measured 1.2-1.6x
-  // slower at 2, 4 and 8 ranks (16 KB and 256 KB, 2026-12-02, docs/gpu.md);
-  // two at a time, as the one-shot from 3 ranks, is not measured here.
-  constexpr int kWidth = 1;
+  constexpr int kWidth = kRanksInFlight;
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
   Waiter waiter(a, ctx.launch);
@@ -407,9 +406,20 @@ cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, in
 // bytes a thread with two or four, and reads one rank at a time.
 constexpr int kOneShotRanksInFlight = 2;
 
+// Ranks whose packets the typed LL two-shot instances read at once from 3
+// ranks, in both of its phases; at 2 ranks, one. Every peer's at once
+// measured 1.2-1.6x slower at 2, 4 and 8 ranks (16 and 256 KB, 2026-12-02,
+// docs/gpu.md). Two at a time against one (98-104 registers a thread
+// against 80-86, no spills), two runs each at 64 KB / 256 KB / 1 MB: 4
+// ranks 0.1-0.4 / 0.15-0.37 / 3.5 us faster, 8 ranks 1.4-2.2 / 1.2-2.4 /
+// 8.2-9.7 faster; 2 ranks within -0.7..0 at 64 and 256 KB and 1.2-1.4
+// faster at 1 MB (2026-12-04, "Latency, nineteenth push"). The dispatching
+// instance reads one rank at a time.
+constexpr int kTwoShotLLRanksInFlight = 2;
+
 // The LL kernels' instances for one-array launches, by their Fixed
-// accumulator: the one-shot's reading one rank at a time, and
-// kOneShotRanksInFlight (OneShotWideOf).
+// accumulator: each reading one rank at a time, and kOneShotRanksInFlight
+// or kTwoShotLLRanksInFlight (OneShotWideOf, TwoShotLLWideOf).
 template <typename Fixed>
 struct OneShotOf {
   static constexpr OneArrayKernel kKernel = OneShotKernel<1, OneShotPart::kAll, Fixed>;
@@ -422,6 +432,10 @@ struct OneShotWideOf {
 template <typename Fixed>
 struct TwoShotLLOf {
   static constexpr OneArrayKernel kKernel = TwoShotLLKernel<1, Fixed>;
+};
+template <typename Fixed>
+struct TwoShotLLWideOf {
+  static constexpr OneArrayKernel kKernel = TwoShotLLKernel<1, Fixed, kTwoShotLLRanksInFlight>;
 };
 
 // Kernel Of's instance for a one-array launch of element type D and op `op`
@@ -461,8 +475,10 @@ cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args,
       break;
     case AllReduceKernel::kTwoShotLL:
       if constexpr (kSegments == 1) {
-        return LaunchOneArray(TypedKernel<TwoShotLLOf>(args.segments[0].dtype, args.op), args,
-                              blocks, kOneShotThreads, stream);
+        const Dtype dtype = args.segments[0].dtype;
+        return LaunchOneArray(args.world > 2 ? TypedKernel<TwoShotLLWideOf>(dtype, args.op)
+                                             : TypedKernel<TwoShotLLOf>(dtype, args.op),
+                              args, blocks, kOneShotThreads, stream);
       } else {
         TwoShotLLKernel<kSegments><<<blocks, kOneShotThreads, 0, stream>>>(args);
       }
@@ -529,7 +545,8 @@ cudaError_t LoadKernels() {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
       for (OneArrayKernel k : {TypedKernel<OneShotOf>(d, static_cast<int>(op)),
                                TypedKernel<OneShotWideOf>(d, static_cast<int>(op)),
-                               TypedKernel<TwoShotLLOf>(d, static_cast<int>(op))}) {
+                               TypedKernel<TwoShotLLOf>(d, static_cast<int>(op)),
+                               TypedKernel<TwoShotLLWideOf>(d, static_cast<int>(op))}) {
         const cudaError_t err = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k));
         if (err != cudaSuccess) return err;
       }

@@ -34,9 +34,9 @@ __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity
 // every peer of an 8-GPU node in one round trip (the protocol probe's
 // packet stage; about 130 registers a thread). Every peer's at once was
 // slower in the all-reduce kernels at every world size measured
-// (docs/gpu.md): the one-shot reads one rank at a time at 2 ranks and two
-// from 3 (all_reduce_kernels.cu kOneShotRanksInFlight), the LL two-shot
-// one, the fused kernel two.
+// (docs/gpu.md): the one-shot and the LL two-shot read one rank at a time
+// at 2 ranks and two from 3 (all_reduce_kernels.cu kOneShotRanksInFlight,
+// kTwoShotLLRanksInFlight), the fused kernels two.
 inline constexpr int kRanksInFlight = 8;
 
 // The vectors of ranks [base, base + kSize) at one place of their slots, as
