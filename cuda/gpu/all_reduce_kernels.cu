@@ -189,7 +189,6 @@ __device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint6
 template <int kSegments, typename Fixed = void, int kRanksInFlight = 1>
 __global__ void __launch_bounds__(kOneShotThreads, 2)
     TwoShotLLKernel(const __grid_constant__ AllReduceArgs<kSegments> a) {
-  constexpr int kWidth = kRanksInFlight;
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillOutputs(a); })) return;
   Waiter waiter(a, ctx.launch);
@@ -217,8 +216,9 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
     const uint4 mine = LoadPacked(a, mine_at, hint);
     uint4 reduced;
     const auto reduce = [&](auto typed) {
-      ok = TakeInRankOrder<kWidth>(a, parts, a.slot_bytes, 2 * v, ctx.flags, waiter, mine,
-                                   [&](const RankBatch<kWidth>& batch) { typed.Add(batch); });
+      ok = TakeInRankOrder<kRanksInFlight>(
+          a, parts, a.slot_bytes, 2 * v, ctx.flags, waiter, mine,
+          [&](const RankBatch<kRanksInFlight>& batch) { typed.Add(batch); });
       if (ok) reduced = typed.Result(a.op, a.world);
     };
     // Element type and op dispatched once per vector, as in the one-shot,
@@ -235,11 +235,11 @@ __global__ void __launch_bounds__(kOneShotThreads, 2)
   // Phase 1: every peer's reduced vectors into the output.
   const LLPacket* reduced = PacketSlot(a, a.rank, ctx.parity, a.slot_bytes, 0, phase1);
   for (uint64_t v = first; v < vectors && ok; v += stride) {
-    ok = TakeInRankOrder<kWidth>(
+    ok = TakeInRankOrder<kRanksInFlight>(
         a, reduced, a.slot_bytes, 2 * v, ctx.flags, waiter, make_uint4(0, 0, 0, 0),
-        [&](const RankBatch<kWidth>& batch) {
+        [&](const RankBatch<kRanksInFlight>& batch) {
 #pragma unroll
-          for (int j = 0; j < kWidth; ++j) {
+          for (int j = 0; j < kRanksInFlight; ++j) {
             const int s = batch.base + j;
             if (j < batch.count && s != a.rank) StorePacked(a, s * chunk + 16 * v, batch.Data(j), hint);
           }
@@ -459,26 +459,31 @@ OneArrayKernel TypedKernel(Dtype dtype, int op) {
   }
 }
 
+// The instance for the one-array launch `a`: Of's (one rank's packets at a
+// time) at 2 ranks, WideOf's from 3, where reading two at once measured
+// faster (kOneShotRanksInFlight, kTwoShotLLRanksInFlight).
+template <template <typename> class Of, template <typename> class WideOf>
+OneArrayKernel TypedKernelFor(const AllReduceArgs<1>& a) {
+  const Dtype dtype = a.segments[0].dtype;
+  return a.world > 2 ? TypedKernel<WideOf>(dtype, a.op) : TypedKernel<Of>(dtype, a.op);
+}
+
 template <int kSegments>
 cudaError_t Launch(AllReduceKernel kernel, const AllReduceArgs<kSegments>& args, int blocks,
                    int threads, cudaStream_t stream) {
   switch (kernel) {
     case AllReduceKernel::kOneShot:
       if constexpr (kSegments == 1) {
-        const Dtype dtype = args.segments[0].dtype;
-        return LaunchOneArray(args.world > 2 ? TypedKernel<OneShotWideOf>(dtype, args.op)
-                                             : TypedKernel<OneShotOf>(dtype, args.op),
-                              args, blocks, threads, stream);
+        return LaunchOneArray(TypedKernelFor<OneShotOf, OneShotWideOf>(args), args, blocks,
+                              threads, stream);
       } else {
         OneShotKernel<kSegments><<<blocks, threads, 0, stream>>>(args);
       }
       break;
     case AllReduceKernel::kTwoShotLL:
       if constexpr (kSegments == 1) {
-        const Dtype dtype = args.segments[0].dtype;
-        return LaunchOneArray(args.world > 2 ? TypedKernel<TwoShotLLWideOf>(dtype, args.op)
-                                             : TypedKernel<TwoShotLLOf>(dtype, args.op),
-                              args, blocks, kOneShotThreads, stream);
+        return LaunchOneArray(TypedKernelFor<TwoShotLLOf, TwoShotLLWideOf>(args), args, blocks,
+                              kOneShotThreads, stream);
       } else {
         TwoShotLLKernel<kSegments><<<blocks, kOneShotThreads, 0, stream>>>(args);
       }
