@@ -8,28 +8,30 @@ from .table import CostCurve, Table
 
 __all__ = ["default_table"]
 
-# GPU, all_reduce's kernels, per round. The three kernels per call,
-# measured at 2, 4 and 8 ranks sharing one H200 under MPS
+# GPU, all_reduce's kernels, per round. The one-shot and the LL two-shot
+# per call, measured at 2, 4 and 8 ranks sharing one H200 under MPS
 # (`benchmarks/per_call_overhead.py`, bfloat16, 300 dependent calls a
-# program; the one-shot through jax_ar.all_reduce, the two-shots through
-# their protocol-probe stages, which cost within 1-2% of a call; the
-# all-reduce kernels of 18fb78e, 2026-12-03), the median of every run at a
-# size: one command from 1 KB to 4 MB
-# (docs/results/latency_h200_mps_2026-12-03_aa101bd.jsonl, variant
-# "paths"), a second from 64 KB to 2 MB (..._6b99a26_auto.jsonl) and three
-# runs at 4 ranks, 512 KB-1 MB (..._b229857_r4.jsonl).
+# program, median of 3; the one-shot through jax_ar.all_reduce, the LL
+# two-shot through its protocol-probe stage, which costs within 1-2% of a
+# call), one command from 1 KB to 4 MB with the modules of 7c5595e
+# (2026-12-04, docs/results/latency_h200_mps_2026-12-04_7c5595e_tables_ladder.jsonl,
+# variant "tables"). From 3 ranks both read two ranks' packets at once
+# since 23d8b27 and 60e9ec3: against the curves before these (18fb78e's
+# kernels, 2026-12-03) they cost 3.5-17% less at 4 and 8 ranks, and
+# 1.5-9.6% less at 2 ranks, where the kernels read one rank at a time as
+# they did (the runs' spread). The plain two-shot, whose kernel has not
+# changed, keeps the medians of 2026-12-03's commands with 18fb78e's
+# modules (docs/results/latency_h200_mps_2026-12-03_aa101bd.jsonl, variant
+# "paths", 1 KB-4 MB; ..._6b99a26_auto.jsonl, 64 KB-2 MB;
+# ..._b229857_r4.jsonl, 4 ranks at 512 KB-1 MB).
 # The one-shot's points are whole rounds of the default 64 MiB workspace
 # (it carries 2095104 / 1047552 / 523776 bytes a round at 2 / 4 / 8
 # ranks), so a size past its round is a whole number of rounds, whose time
 # per call stands at that size (predict_us never asks for a round larger
 # than the workspace's). The two-shots' points up to 1 MB are powers of
-# two: at 4 and 8 ranks the LL two-shot of 18fb78e ran 1.2-1.3x slower at
-# 523264 and 1047552 bytes than at 524288 and 1048576 (4 ranks, 16.7
-# against 13.8 us and 31.3 against 24.3, in each of three runs), where its
-# chunks were not multiples of 512 bytes; b69fdb4 cuts them so (as fast
-# as the powers of two, docs/gpu.md "Latency, fifteenth push"), and left
-# the powers of two as they were. From 2 MB the points are whole LL
-# rounds (2095104 bytes).
+# two (b69fdb4 cuts the LL two-shot's chunks at multiples of 512 bytes, so
+# 523264 bytes cost what 524288 do, docs/gpu.md "Latency, fifteenth
+# push"); from 2 MB they are whole LL rounds (2095104 bytes).
 # Ranks sharing one GPU say little of NVLink's bandwidth: their traffic
 # stays in one HBM (faster than NVLink at 2 ranks, shared by all at 8).
 # So the plain two-shot, the bandwidth kernel, costs at each size the more
@@ -40,19 +42,18 @@ __all__ = ["default_table"]
 # (NCCL), which cannot run on ranks sharing a GPU, keeps that run's line:
 # ~19 us and 4.0 us/MB, grown the same way. What the curves choose:
 #   2 ranks  the one-shot up to 4 MB (at 4 MB, 2 rounds, the plain
-#            two-shot measured 18.4 us against 25.3, but its NVLink line
+#            two-shot measured 18.4 us against 24.3, but its NVLink line
 #            says 29.5), the plain two-shot at 8 MB, psum from 16 MB;
-#   4 ranks  the one-shot up to 128 KB, the LL two-shot at 256 KB-1 MB,
-#            the plain two-shot from 2 MB (where psum runs, its line alone
-#            takes 2-4 MB and from 16 MB);
-#   8 ranks  the one-shot up to 64 KB (12.1 us against 15.3), the LL
-#            two-shot at 128 KB-1 MB (at 1 MB within 0.4% of the plain
-#            two-shot), the plain two-shot from 2 MB (psum from 1 MB where
-#            it runs).
-# The curves before these (2 GPUs over NVLink plus a guessed growth a rank)
-# sent 64 KB at 8 ranks and 128 KB at 4 to the LL two-shot, 1.2-1.3x
-# slower there. Other world sizes: _curve_across_worlds, below.
-# `python -m jax_ar tune` refits every curve on a machine.
+#   4 ranks  the one-shot up to 128 KB, the LL two-shot at 256 KB-1 MB
+#            (at 256 KB 9.16 us against the one-shot's 9.30), the plain
+#            two-shot from 2 MB (where psum runs, its line alone takes 2-4
+#            MB and from 16 MB);
+#   8 ranks  the one-shot up to 64 KB (10.75 us against 13.34), the LL
+#            two-shot at 128 KB-1 MB (at 1 MB 43.6 us against the plain
+#            two-shot's 52.4; the curves before these had them tied), the
+#            plain two-shot from 2 MB (psum from 1 MB where it runs).
+# Other world sizes: _curve_across_worlds, below. `python -m jax_ar tune`
+# refits every curve on a machine.
 _GPU_ONE_SHOT_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 523264, 1047552, 2095104,
                        4190208)
 _GPU_TWO_SHOT_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 524288, 1048576, 2095104,
@@ -60,15 +61,15 @@ _GPU_TWO_SHOT_SIZES = (1024, 4096, 16384, 65536, 131072, 262144, 524288, 1048576
 _GPU_KERNEL_SIZES = {"oneshot": _GPU_ONE_SHOT_SIZES, "twoshot_ll": _GPU_TWO_SHOT_SIZES,
                      "twoshot": _GPU_TWO_SHOT_SIZES}
 _GPU_KERNEL_US = {
-    2: {"oneshot": (4.13, 4.12, 4.43, 4.78, 5.14, 5.49, 6.83, 8.47, 12.34, 25.34),
-        "twoshot_ll": (5.00, 5.15, 5.53, 5.56, 5.68, 6.21, 7.86, 12.70, 23.09, 46.82),
+    2: {"oneshot": (3.94, 3.90, 4.16, 4.40, 4.84, 5.17, 6.25, 8.02, 12.16, 24.33),
+        "twoshot_ll": (4.87, 4.70, 5.00, 5.36, 5.46, 5.93, 7.59, 12.33, 22.41, 44.91),
         "twoshot": (8.60, 8.86, 9.20, 11.15, 11.43, 11.33, 11.61, 11.73, 13.11, 18.36)},
-    4: {"oneshot": (5.43, 6.02, 6.14, 6.57, 7.49, 9.96, 14.86, 26.33, 48.25, 94.88),
-        "twoshot_ll": (8.78, 8.16, 8.59, 8.91, 9.08, 9.68, 13.80, 24.28, 47.76, 108.25),
+    4: {"oneshot": (4.64, 5.28, 5.44, 6.18, 7.23, 9.30, 14.06, 24.63, 43.69, 87.44),
+        "twoshot_ll": (7.61, 7.15, 7.71, 8.31, 8.46, 9.16, 12.18, 20.49, 41.11, 92.02),
         "twoshot": (22.95, 22.54, 22.55, 27.20, 27.26, 27.06, 28.13, 28.30, 34.05, 46.32)},
-    8: {"oneshot": (7.78, 8.84, 8.95, 12.06, 18.16, 29.91, 62.96, 124.02, 247.14, 493.20),
-        "twoshot_ll": (14.83, 14.12, 14.59, 15.34, 15.77, 16.69, 26.79, 52.63, 147.41,
-                       304.07),
+    8: {"oneshot": (6.83, 7.33, 7.66, 10.75, 17.04, 27.92, 58.08, 115.94, 231.45, 460.89),
+        "twoshot_ll": (13.12, 12.36, 12.81, 13.34, 13.75, 14.93, 22.78, 43.64, 126.46,
+                       256.76),
         "twoshot": (45.87, 38.04, 38.90, 44.40, 49.81, 50.08, 55.79, 52.44, 69.34, 104.65)},
 }
 
