@@ -91,45 +91,48 @@ def _gpu_defaults(n: int) -> dict:
 
 
 # all_reduce_rms_norm's paths on the GPU, per call, measured at 2, 4 and 8
-# ranks sharing one H200 under MPS (bfloat16, hidden 4096, 2026-12-03): up
-# to 2 MB `benchmarks/per_call_overhead.py` (300 dependent calls a
-# program), the fused one-shot with the modules of 646c11c
-# (docs/results/latency_h200_mps_2026-12-03_646c11c.jsonl), the fused
-# two-shot and the pair with those of 8320dec, whose kernels they still run
-# (docs/results/latency_h200_mps_2026-12-03_8320dec_norm_paths.jsonl); from
-# 4 MB `bench --op rms_norm` (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt;
+# ranks sharing one H200 under MPS (bfloat16, hidden 4096): up to 2 MB
+# `benchmarks/per_call_overhead.py` (300 dependent calls a program, median
+# of 3), every path in one command with the modules of 7c5595e (2026-12-04,
+# docs/results/latency_h200_mps_2026-12-04_7c5595e_norm_paths.jsonl: since
+# the curves before these, 2026-12-03, the all-reduce kernels read two
+# ranks at a time from 3 ranks and the fused one-shot's clustered row sum
+# completes on mbarriers); from 4 MB `bench --op rms_norm` with those of
+# 8320dec (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt;
 # "fused" there is the two-shot). "composed" is the pair jax_ar.all_reduce
 # + jax_ar.rms_norm. What the points choose, as measured:
 #   2 ranks  fused one-shot up to 1 MB, fused two-shot 2-4 MB, pair from 8 MB;
-#   4 ranks  fused one-shot up to 512 KB, two-shot 1-4 MB, pair from 8 MB;
-#   8 ranks  fused one-shot up to 128 KB (19.06 us there against the
-#            pair's 19.37), the pair at 256-512 KB (the fused one-shot took
-#            1.46-2.30x its time), two-shot 1-4 MB, pair from 8 MB.
+#   4 ranks  fused one-shot up to 512 KB (17.26 us there against the
+#            pair's 17.92), two-shot 1-4 MB, pair from 8 MB;
+#   8 ranks  fused one-shot up to 64 KB, the pair at 128 KB-1 MB (at 128
+#            KB 18.03 us against the fused one-shot's 19.04, which the
+#            curves before these chose; at 1 MB 56.17 against the
+#            two-shot's 56.62, a tie), two-shot 2-4 MB, pair from 8 MB.
 # The fused one-shot's time grows with the ranks far faster than the
 # others' (every rank reads every peer's rows as LL packets), which one
 # curve plus 1 us a rank, the tables before 8c6dcc7, missed. Not
 # measured, guessed: 8 ranks beyond 4 MB, the 4-rank times doubled (the
-# 8/4 ratio at 2-4 MB was 1.98-2.10 for both the two-shot and the pair);
-# world sizes between those measured, the line between the neighbours at
-# each size; beyond 8, the 8-rank times scaled by n / 8
+# 8/4 ratio at 2-4 MB was 1.98-2.10 for both the two-shot and the pair,
+# 2026-12-03); world sizes between those measured, the line between the
+# neighbours at each size; beyond 8, the 8-rank times scaled by n / 8
 # (_curve_across_worlds, which also holds a curve up where a measured
 # point falls below the one before it: a curve never falls). Sizes are
 # bytes of x per rank. `python -m jax_ar tune` refits them on a machine.
 _GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
                    4194304, 8388608, 16777216, 33554432)
 _GPU_NORM_US = {
-    2: {"fused_oneshot": (5.45, 5.40, 6.04, 6.75, 7.70, 10.62, 24.22),
-        "fused_twoshot": (10.75, 10.87, 11.28, 11.25, 11.53, 11.95, 17.06,
+    2: {"fused_oneshot": (4.74, 4.87, 5.61, 6.49, 7.49, 10.62, 23.25),
+        "fused_twoshot": (11.27, 10.98, 11.12, 11.32, 11.56, 12.37, 16.99,
                           33.9, 73.2, 132.7, 245.1),
-        "composed": (6.59, 7.14, 7.82, 8.16, 11.20, 16.33, 19.04, 35.6, 57.5, 119.0, 213.7)},
-    4: {"fused_oneshot": (6.58, 7.16, 8.25, 11.00, 17.42, 43.46, 72.86),
-        "fused_twoshot": (24.33, 25.14, 25.46, 26.26, 27.05, 29.50, 40.87,
+        "composed": (6.80, 7.13, 7.56, 8.20, 9.41, 11.92, 22.16, 35.6, 57.5, 119.0, 213.7)},
+    4: {"fused_oneshot": (6.47, 6.79, 8.06, 11.06, 17.26, 42.37, 71.44),
+        "fused_twoshot": (22.83, 26.82, 25.41, 25.90, 28.24, 28.47, 41.55,
                           72.9, 158.7, 282.5, 528.4),
-        "composed": (8.72, 9.47, 12.52, 13.35, 18.42, 31.40, 47.51, 79.1, 138.1, 271.0, 496.9)},
-    8: {"fused_oneshot": (8.83, 12.76, 19.06, 31.67, 79.42, 143.98, 273.94),
-        "fused_twoshot": (37.31, 41.80, 44.99, 45.11, 47.84, 55.56, 84.13,
+        "composed": (10.65, 9.78, 10.69, 13.49, 17.92, 29.18, 47.62, 79.1, 138.1, 271.0, 496.9)},
+    8: {"fused_oneshot": (8.65, 12.19, 19.04, 31.02, 78.38, 142.67, 272.60),
+        "fused_twoshot": (42.12, 44.18, 45.77, 48.95, 49.25, 56.62, 85.05,
                           144.2, 2 * 158.7, 2 * 282.5, 2 * 528.4),
-        "composed": (12.11, 18.64, 19.37, 21.75, 34.52, 64.20, 99.56,
+        "composed": (11.42, 15.08, 18.03, 20.55, 32.94, 56.17, 100.24,
                      159.6, 2 * 138.1, 2 * 271.0, 2 * 496.9)},
 }
 
