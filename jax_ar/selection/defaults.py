@@ -100,14 +100,25 @@ def _gpu_defaults(n: int) -> dict:
 # completes on mbarriers); from 4 MB `bench --op rms_norm` with those of
 # 8320dec (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt;
 # "fused" there is the two-shot). "composed" is the pair jax_ar.all_reduce
-# + jax_ar.rms_norm. What the points choose, as measured:
+# + jax_ar.rms_norm. The curves know bytes, not the row length, and the
+# fused two-shot runs rows of more than 4096 16-bit elements with two
+# vectors a thread: at hidden 8192 it took 14.7 / 14.7 / 16.7 us at 512
+# KB / 1 MB / 2 MB and 2 ranks, 32.1 / 35.3 / 43.5 at 4 and 59.2 / 68.1 /
+# 86.3 at 8, 0.98-1.27x its hidden-4096 times, where the pair's times
+# hardly moved (..._5d5e66a_auto_check.jsonl). So its points at 512 KB-2
+# MB are the slower of the two row lengths: auto then runs the pair at 4
+# ranks and 1 MB, which was 28% faster than the two-shot at hidden 8192
+# and 2.5% slower at 4096. What the points choose, and how far that is
+# from the fastest path measured at hidden 4096 / 8192:
 #   2 ranks  fused one-shot up to 1 MB, fused two-shot 2-4 MB, pair from 8 MB;
 #   4 ranks  fused one-shot up to 512 KB (17.26 us there against the
-#            pair's 17.92), two-shot 1-4 MB, pair from 8 MB;
+#            pair's 17.92), the pair at 1 MB (see above), two-shot 2-4 MB,
+#            pair from 8 MB;
 #   8 ranks  fused one-shot up to 64 KB, the pair at 128 KB-1 MB (at 128
 #            KB 18.03 us against the fused one-shot's 19.04, which the
 #            curves before these chose; at 1 MB 56.17 against the
-#            two-shot's 56.62, a tie), two-shot 2-4 MB, pair from 8 MB.
+#            two-shot's 56.62 at hidden 4096 and 68.11 at 8192), two-shot
+#            2-4 MB, pair from 8 MB.
 # The fused one-shot's time grows with the ranks far faster than the
 # others' (every rank reads every peer's rows as LL packets), which one
 # curve plus 1 us a rank, the tables before 8c6dcc7, missed. Not
@@ -122,15 +133,15 @@ _GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
                    4194304, 8388608, 16777216, 33554432)
 _GPU_NORM_US = {
     2: {"fused_oneshot": (4.74, 4.87, 5.61, 6.49, 7.49, 10.62, 23.25),
-        "fused_twoshot": (11.27, 10.98, 11.12, 11.32, 11.56, 12.37, 16.99,
+        "fused_twoshot": (11.27, 10.98, 11.12, 11.32, 14.74, 14.72, 16.99,
                           33.9, 73.2, 132.7, 245.1),
         "composed": (6.80, 7.13, 7.56, 8.20, 9.41, 11.92, 22.16, 35.6, 57.5, 119.0, 213.7)},
     4: {"fused_oneshot": (6.47, 6.79, 8.06, 11.06, 17.26, 42.37, 71.44),
-        "fused_twoshot": (22.83, 26.82, 25.41, 25.90, 28.24, 28.47, 41.55,
+        "fused_twoshot": (22.83, 26.82, 25.41, 25.90, 32.05, 35.27, 43.46,
                           72.9, 158.7, 282.5, 528.4),
         "composed": (10.65, 9.78, 10.69, 13.49, 17.92, 29.18, 47.62, 79.1, 138.1, 271.0, 496.9)},
     8: {"fused_oneshot": (8.65, 12.19, 19.04, 31.02, 78.38, 142.67, 272.60),
-        "fused_twoshot": (42.12, 44.18, 45.77, 48.95, 49.25, 56.62, 85.05,
+        "fused_twoshot": (42.12, 44.18, 45.77, 48.95, 59.22, 68.11, 86.31,
                           144.2, 2 * 158.7, 2 * 282.5, 2 * 528.4),
         "composed": (11.42, 15.08, 18.03, 20.55, 32.94, 56.17, 100.24,
                      159.6, 2 * 138.1, 2 * 271.0, 2 * 496.9)},
