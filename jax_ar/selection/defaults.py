@@ -108,8 +108,7 @@ def _gpu_defaults(n: int) -> dict:
 # hardly moved (..._5d5e66a_auto_check.jsonl). So its points at 512 KB-2
 # MB are the slower of the two row lengths: auto then runs the pair at 4
 # ranks and 1 MB, which was 28% faster than the two-shot at hidden 8192
-# and 2.5% slower at 4096. What the points choose, and how far that is
-# from the fastest path measured at hidden 4096 / 8192:
+# and 2.5% slower at 4096. What the points choose:
 #   2 ranks  fused one-shot up to 1 MB, fused two-shot 2-4 MB, pair from 8 MB;
 #   4 ranks  fused one-shot up to 512 KB (17.26 us there against the
 #            pair's 17.92), the pair at 1 MB (see above), two-shot 2-4 MB,
