@@ -106,6 +106,14 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   // The LL region is a quarter of the data area: a row too long for it goes
   // two-shot (decided from sizes alone, so every rank switches alike).
   if (algo == Algorithm::kOneShot && rows_per_launch_of(algo) == 0) algo = Algorithm::kTwoShot;
+  // The two-shot runs over LL packets where the call fits one launch of it
+  // and its rows take one or two vectors a thread (row_plan.h), else over
+  // plain data and flags; from sizes alone, as above.
+  if (algo == Algorithm::kTwoShot &&
+      PlanFusedRow(static_cast<int>(hidden / lanes)).vectors_per_thread <= 2 &&
+      rows <= rows_per_launch_of(Algorithm::kTwoShotLL)) {
+    algo = Algorithm::kTwoShotLL;
+  }
   const int64_t rows_per_launch = rows_per_launch_of(algo);
   if (rows_per_launch == 0) {
     return Invalid("one row of " + std::to_string(row_bytes) + " bytes does not fit the workspace (" +
@@ -153,14 +161,18 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
       blocks = (a.rows + rows_at_once - 1) / rows_at_once * plan.blocks_per_row;
     } else {
       a.group_rows = (a.rows + world - 1) / world;
-      a.phase0_slot_bytes = AlignUp(a.group_rows * row_bytes);
-      a.out_offset = AlignUp(a.group_rows * residual_row_bytes);
-      a.phase1_slot_bytes = a.out_offset + AlignUp(a.group_rows * out_row_bytes);
+      if (algo == Algorithm::kTwoShotLL) {
+        a.slot_bytes = PlanKernel(layout, world, AllReduceKernel::kTwoShotLL).slot_bytes;
+      } else {
+        a.phase0_slot_bytes = AlignUp(a.group_rows * row_bytes);
+        a.out_offset = AlignUp(a.group_rows * residual_row_bytes);
+        a.phase1_slot_bytes = a.out_offset + AlignUp(a.group_rows * out_row_bytes);
+      }
       blocks = (a.group_rows + rows_at_once - 1) / rows_at_once;
     }
     // A clustered launch has a cluster a row within the cap (row_plan.h).
     blocks = std::clamp<int64_t>(blocks, 1, BlockCap(world));
-    if (algo == Algorithm::kTwoShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
+    if (algo != Algorithm::kOneShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
     const cudaError_t err =
         LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks), plan.block_threads(),
                                plan.vectors_per_thread, stream);

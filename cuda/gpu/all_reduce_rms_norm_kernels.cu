@@ -15,7 +15,8 @@
 // and computes every row itself (the all-reduce kernel's protocol, row by
 // row). two-shot: rows are split into `world` groups; each rank reduces and
 // normalizes its group and sends both outputs to everybody (the two-shot
-// protocol with rows for chunks).
+// protocol with rows for chunks), over LL packets where the call fits one
+// launch of them (kTwoShotLL), else over plain data and two rounds of flags.
 //
 // Both norms' arithmetic is that of jax_ar.rms_norm's CUDA kernel (one
 // RowInverseRms each, gpu/row_norm.cuh): squares summed in double per thread
@@ -37,6 +38,11 @@ namespace {
 // four-vector kernels' blocks of up to 1024 threads leave 64 registers a
 // thread (row_plan.h FusedMaxThreads).
 constexpr int kFusedRanksInFlight = 2;
+// Ranks whose output words the LL two-shot's phase 1 reads at once: it
+// only copies, and the words have mostly arrived by then. Four leave the
+// one- and two-vector kernels their 128 registers without spilling
+// (ptxas), eight spilled 0.5-1.4 KB a thread.
+constexpr int kPhase1RanksInFlight = 4;
 
 // How many of a thread's vectors have their residual and gamma words loaded
 // before the first reduce (NormalizeReducedRow); registers decide. One-shot,
@@ -54,6 +60,42 @@ template <int kVectors>
 inline constexpr int kOneShotEarlyVectors = kVectors <= 2 ? 1 : 0;
 template <int kVectors>
 inline constexpr int kTwoShotEarlyVectors = kVectors <= 2 ? kVectors : 0;
+
+// acc = the float32 sum, in rank order, of every rank's 16-byte vector at
+// packet pair `packet` of its slot in `half` (this rank's LL half of the
+// launch, plus a region; `mine` stands for this rank's own): a fused row
+// vector's sum over ranks. Zeros, and false, when `ok` is false on entry
+// or a wait was given up (the rank is then aborted).
+template <Dtype D>
+__device__ __forceinline__ bool SumRanksOfPacket(const RmsNormLaunchArgs& a, const LLPacket* half,
+                                                 uint64_t slot_bytes, uint64_t packet,
+                                                 PacketFlags flags, Waiter& waiter, uint4 mine,
+                                                 bool ok, float* acc) {
+  constexpr int kLanes = Vec<D>::kLanes;
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) acc[j] = 0.0f;
+  return ok && TakeInRankOrder<kFusedRanksInFlight>(
+                   a, half, slot_bytes, packet, flags, waiter, mine,
+                   [&](const RankBatch<kFusedRanksInFlight>& batch) {
+                     float next[kLanes];
+#pragma unroll
+                     for (int r = 0; r < kFusedRanksInFlight; ++r) {
+                       if (r >= batch.count) break;
+                       // Unpacked into `next` always, then added in
+                       // registers: unpacking into `first ? acc : next` (a
+                       // destination chosen at run time) kept acc in local
+                       // memory, and calls of 32-128 tokens ran 1.3-1.4x
+                       // slower at 4 and 8 ranks (docs/gpu.md "Latency,
+                       // thirteenth push").
+                       const bool first = batch.base + r == 0;
+                       Vec<D>::Unpack(batch.Data(r), next);
+#pragma unroll
+                       for (int j = 0; j < kLanes; ++j) {
+                         acc[j] = first ? next[j] : __fadd_rn(acc[j], next[j]);
+                       }
+                     }
+                   });
+}
 
 // kCluster: a row's threads span a cluster of a.blocks_per_row blocks, one
 // row a cluster (row_plan.h PlanFusedOneShotRow); otherwise a block works on
@@ -110,7 +152,6 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
   const uint64_t residual_row_bytes = ResidualRowBytes<D, R>(a);
   const int out_bytes = OutVectorBytes<D>(a);
-  constexpr int kLanes = Vec<D>::kLanes;
   const LLPacket* half = PacketSlot(a, a.rank, parity, a.slot_bytes, 0);
 
   // Every row of this block goes out before the first wait: a block with
@@ -144,30 +185,8 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
     NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster, kOneShotEarlyVectors<kVectors>>(
         a, row, active, scratch,
         [&](int k, int i, float* acc) {
-          const uint64_t packet = 2 * (row * a.row_vectors + i);
-          float next[kLanes];
-#pragma unroll
-          for (int j = 0; j < kLanes; ++j) acc[j] = 0.0f;
-          ok = ok && TakeInRankOrder<kFusedRanksInFlight>(
-                         a, half, a.slot_bytes, packet, flags, waiter, mine[k],
-                         [&](const RankBatch<kFusedRanksInFlight>& batch) {
-#pragma unroll
-                           for (int r = 0; r < kFusedRanksInFlight; ++r) {
-                             if (r >= batch.count) break;
-                             // Unpacked into `next` always, then added in
-                             // registers: unpacking into `first ? acc : next`
-                             // (a destination chosen at run time) kept acc in
-                             // local memory, and calls of 32-128 tokens ran
-                             // 1.3-1.4x slower at 4 and 8 ranks (docs/gpu.md
-                             // "Latency, thirteenth push").
-                             const bool first = batch.base + r == 0;
-                             Vec<D>::Unpack(batch.Data(r), next);
-#pragma unroll
-                             for (int j = 0; j < kLanes; ++j) {
-                               acc[j] = first ? next[j] : __fadd_rn(acc[j], next[j]);
-                             }
-                           }
-                         });
+          ok = SumRanksOfPacket<D>(a, half, a.slot_bytes, 2 * (row * a.row_vectors + i), flags,
+                                   waiter, mine[k], ok, acc);
         },
         [&](int i, const uint4 (&words)[RL::kWords]) {
           if (ok) RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, words);
@@ -292,12 +311,163 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
   FinishLaunch(a, ctx);
 }
 
+// The LL two-shot's packet pairs of a row vector in phase 1: its
+// residual_out words (RL::kWords), then its out word (16 bytes, or the
+// first OutVectorBytes of one with FP8).
+template <Dtype D, Dtype R>
+inline constexpr int kPhase1Pairs = ResidualLanes<D, R>::kWords + 1;
+
+// The two-shot over LL packets, for rows of one or two vectors a thread
+// that fit one launch (the handler decides, all_reduce_rms_norm.cc): the
+// plain two-shot's split of rows into `world` groups, without its two
+// rounds of flags. Rank j's LL half holds two regions of `world` slots of
+// a.slot_bytes: phase 0, sender s's rows of group j (packet pair
+// 2 * (g * row_vectors + i) for vector i of group row g); phase 1, sender
+// s's outputs of group s (kPhase1Pairs pairs a vector). Every rank sends
+// the outputs of every row of its group, zeros for rows past the call's
+// last, so that whoever reads a place of the slots reads every rank's.
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
+__global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNormKernel(
+    const __grid_constant__ RmsNormLaunchArgs a) {
+  static_assert(kVectors <= 2, "the LL two-shot takes rows of one or two vectors a thread");
+  using RL = ResidualLanes<D, R>;
+  constexpr int kPairs = kPhase1Pairs<D, R>;
+  __shared__ double partials[kMaxWarpsPerRow];
+  LaunchContext ctx;
+  if (!StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); })) return;
+  const PacketFlags flags = ctx.flags;
+  const int parity = ctx.parity;
+  Waiter waiter(a, ctx.launch);
+  const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
+  const int tpr = a.threads_per_row;
+  const int lane = threadIdx.x % tpr;
+  const int rows_at_once = blockDim.x / tpr;
+  const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
+  const uint64_t residual_row_bytes = ResidualRowBytes<D, R>(a);
+  const int out_bytes = OutVectorBytes<D>(a);
+  const uint64_t out_row_bytes = static_cast<uint64_t>(a.row_vectors) * out_bytes;
+  const uint64_t phase1 = static_cast<uint64_t>(a.world) * a.slot_bytes;
+  // This block's rows of a group: [lo, hi).
+  const int64_t lo = blockIdx.x * a.rows_per_block;
+  const int64_t hi = min(lo + a.rows_per_block, a.group_rows);
+
+  // Phase 0: my rows of group j go to rank j.
+  for (int step = 1; step < a.world; ++step) {
+    const int peer = PeerAfter(a, step);
+    LLPacket* theirs = PacketSlot(a, peer, parity, a.slot_bytes, a.rank);
+    for (int64_t base = lo; base < hi; base += rows_at_once) {
+      const int64_t g = base + threadIdx.x / tpr;
+      const int64_t row = peer * a.group_rows + g;
+      if (g >= hi || row >= a.rows) continue;  // rows past the last are never reduced
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        const int i = lane + k * tpr;
+        if (i < a.row_vectors) {
+          WritePacketPair(theirs + 2 * (g * a.row_vectors + i),
+                          LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i), flags);
+        }
+      }
+    }
+  }
+
+  // My group: reduce as the parts arrive, add the residual, normalize; both
+  // outputs go to mine and, as packets, to every peer.
+  const LLPacket* parts = PacketSlot(a, a.rank, parity, a.slot_bytes, 0);
+  const auto send = [&](int64_t g, int i, int q, uint4 word) {
+    SendPacketPair(a, parity, a.slot_bytes, 2 * ((g * a.row_vectors + i) * kPairs + q), word,
+                   flags, phase1);
+  };
+  bool ok = true;
+  for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: the row sums sync
+    const int64_t g = base + threadIdx.x / tpr;
+    const int64_t row = a.rank * a.group_rows + g;
+    const bool active = g < hi && row < a.rows;
+    uint4 mine[kVectors];
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (active && i < a.row_vectors) mine[k] = LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
+    }
+    NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false,
+                        kOneShotEarlyVectors<kVectors>>(
+        a, row, active, partials,
+        [&](int k, int i, float* acc) {
+          ok = SumRanksOfPacket<D>(a, parts, a.slot_bytes, 2 * (g * a.row_vectors + i), flags,
+                                   waiter, mine[k], ok, acc);
+        },
+        [&](int i, const uint4 (&words)[RL::kWords]) {
+          if (!ok) return;
+          RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, words);
+#pragma unroll
+          for (int q = 0; q < RL::kWords; ++q) send(g, i, q, words[q]);
+        },
+        [&](int i, const float* y) {
+          if (!ok) return;
+          const uint4 word = PackOut<D>(a, scale, y);
+          StoreOutWord(RowOf(a.out, row, out_row_bytes) + out_bytes * i, word, out_bytes);
+          send(g, i, kPairs - 1, word);
+        });
+    // Rows of my group past the call's last: zeros, which their readers
+    // take and drop.
+    if (g < hi && row >= a.rows) {
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        const int i = lane + k * tpr;
+        if (i >= a.row_vectors) continue;
+#pragma unroll
+        for (int q = 0; q < kPairs; ++q) send(g, i, q, make_uint4(0, 0, 0, 0));
+      }
+    }
+  }
+
+  // Phase 1: every other group's outputs into mine, every rank's words at
+  // one place of the slots read at once (they have mostly arrived by now).
+  const LLPacket* outputs = PacketSlot(a, a.rank, parity, a.slot_bytes, 0, phase1);
+  for (int64_t base = lo; base < hi && ok; base += rows_at_once) {
+    const int64_t g = base + threadIdx.x / tpr;
+    if (g >= hi) continue;
+#pragma unroll
+    for (int k = 0; k < kVectors; ++k) {
+      const int i = lane + k * tpr;
+      if (i >= a.row_vectors) continue;
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        ok = ok && TakeInRankOrder<kPhase1RanksInFlight>(
+            a, outputs, a.slot_bytes, 2 * ((g * a.row_vectors + i) * kPairs + q), flags, waiter,
+            make_uint4(0, 0, 0, 0), [&](const RankBatch<kPhase1RanksInFlight>& batch) {
+#pragma unroll
+              for (int r = 0; r < kPhase1RanksInFlight; ++r) {
+                const int s = batch.base + r;
+                const int64_t row = s * a.group_rows + g;
+                if (r >= batch.count || s == a.rank || row >= a.rows) continue;
+                if (q < RL::kWords) {
+                  Store16(RowOf(a.residual_out, row, residual_row_bytes) + RL::kBytes * i + 16 * q,
+                          batch.Data(r));
+                } else {
+                  StoreOutWord(RowOf(a.out, row, out_row_bytes) + out_bytes * i, batch.Data(r),
+                               out_bytes);
+                }
+              }
+            });
+      }
+    }
+  }
+  FinishLaunch(a, ctx);
+}
+
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
 cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks, int threads,
                         cudaStream_t stream) {
   if (algorithm == Algorithm::kTwoShot) {
     TwoShotRmsNormKernel<D, R, kPostNorm, kVectors><<<blocks, threads, 0, stream>>>(args);
     return cudaGetLastError();
+  }
+  if (algorithm == Algorithm::kTwoShotLL) {
+    if constexpr (kVectors <= 2) {
+      TwoShotLLRmsNormKernel<D, R, kPostNorm, kVectors><<<blocks, threads, 0, stream>>>(args);
+      return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;  // the handler takes it for rows of up to two vectors a thread
   }
   if (args.blocks_per_row == 1) {
     OneShotRmsNormKernel<D, R, kPostNorm, kVectors, false><<<blocks, threads, 0, stream>>>(args);
@@ -376,6 +546,8 @@ cudaError_t LoadVariant() {
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 1>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 2>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),
+      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 1>),
+      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 2>),
   };
   for (const void* kernel : kernels) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {

@@ -42,6 +42,13 @@ int64_t FusedRowsPerLaunch(const DataLayout& layout, int world, Algorithm algori
     // slot of the LL half.
     return static_cast<int64_t>(layout.ll_half / (static_cast<uint64_t>(world) * 2 * row_bytes));
   }
+  if (algorithm == Algorithm::kTwoShotLL) {
+    // A group row in a phase-1 slot: its residual_out and out words as
+    // packets, an out word of 16 bytes whatever out's type (twice
+    // residual_row_bytes + row_bytes); phase 0's rows of x take less.
+    const uint64_t slot = PlanKernel(layout, world, AllReduceKernel::kTwoShotLL).slot_bytes;
+    return static_cast<int64_t>(slot / (2 * (residual_row_bytes + row_bytes))) * world;
+  }
   return static_cast<int64_t>(FusedGroupRows(SenderShare(layout, world), row_bytes,
                                              residual_row_bytes, out_row_bytes)) *
          world;

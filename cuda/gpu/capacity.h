@@ -37,8 +37,9 @@ KernelPlan PlanKernel(const DataLayout& layout, int world, AllReduceKernel kerne
 uint64_t SenderShare(const DataLayout& layout, int world);
 
 /// Rows of `row_bytes` of x (residual_out rows of `residual_row_bytes`, out
-/// rows of `out_row_bytes`) one fused launch of `algorithm` carries; 0 when
-/// not one.
+/// rows of `out_row_bytes`) one fused launch of `algorithm` carries (kTwoShot
+/// the plain two-shot, kTwoShotLL the two-shot over LL packets); 0 when not
+/// one.
 int64_t FusedRowsPerLaunch(const DataLayout& layout, int world, Algorithm algorithm,
                            uint64_t row_bytes, uint64_t residual_row_bytes,
                            uint64_t out_row_bytes);

@@ -38,25 +38,36 @@ __device__ __forceinline__ int OutVectorBytes(const RmsNormLaunchArgs& a) {
   return a.quantize ? Vec<D>::kLanes : 16;
 }
 
-// Stores the normalized lanes `y` of vector `vector` of a row at `dst`.
+// The normalized lanes `y` of one vector as out holds them: 16 bytes, or
+// with FP8 the first OutVectorBytes of the word (the rest zero).
 template <Dtype D>
-__device__ __forceinline__ void StoreOut(const RmsNormLaunchArgs& a, float scale, const float* y,
-                                         std::byte* dst) {
+__device__ __forceinline__ uint4 PackOut(const RmsNormLaunchArgs& a, float scale, const float* y) {
   using V = Vec<D>;
-  if (!a.quantize) {
-    Store16(dst, V::Pack(y));
-    return;
-  }
+  if (!a.quantize) return V::Pack(y);
   uint32_t w[2] = {0, 0};
 #pragma unroll
   for (int j = 0; j < V::kLanes; ++j) {
     w[j / 4] |= FloatToE4m3fnSaturated(__fdiv_rn(y[j], scale)) << (8 * (j % 4));
   }
-  if constexpr (V::kLanes == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  return make_uint4(w[0], w[1], 0, 0);
+}
+
+// Stores the first `bytes` (16, 8 or 4: OutVectorBytes) of an out vector.
+__device__ __forceinline__ void StoreOutWord(std::byte* dst, uint4 word, int bytes) {
+  if (bytes == 16) {
+    Store16(dst, word);
+  } else if (bytes == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(word.x, word.y);
   } else {
-    *reinterpret_cast<uint32_t*>(dst) = w[0];
+    *reinterpret_cast<uint32_t*>(dst) = word.x;
   }
+}
+
+// Stores the normalized lanes `y` of vector `vector` of a row at `dst`.
+template <Dtype D>
+__device__ __forceinline__ void StoreOut(const RmsNormLaunchArgs& a, float scale, const float* y,
+                                         std::byte* dst) {
+  StoreOutWord(dst, PackOut<D>(a, scale, y), OutVectorBytes<D>(a));
 }
 
 template <Dtype R>

@@ -28,9 +28,10 @@ cudaError_t LaunchAllReduce(AllReduceKernel kernel, const LaunchArgs& args, int 
                             int threads, cudaStream_t stream,
                             OneShotPart part = OneShotPart::kAll);
 
-// Launches one fused all-reduce + residual + RMSNorm protocol instance;
-// `vectors_per_thread` (1..4) is how many 16-byte vectors of a row each
-// thread holds.
+// Launches one fused all-reduce + residual + RMSNorm protocol instance
+// (kOneShot, kTwoShot plain, or kTwoShotLL for rows of one or two vectors a
+// thread); `vectors_per_thread` (1..4) is how many 16-byte vectors of a row
+// each thread holds.
 cudaError_t LaunchAllReduceRmsNorm(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks,
                                    int threads, int vectors_per_thread, cudaStream_t stream);
 cudaError_t LoadRmsNormKernels();
