@@ -38,11 +38,12 @@ namespace {
 // four-vector kernels' blocks of up to 1024 threads leave 64 registers a
 // thread (row_plan.h FusedMaxThreads).
 constexpr int kFusedRanksInFlight = 2;
-// Ranks whose output words the LL two-shot's phase 1 reads at once: it
-// only copies, and the words have mostly arrived by then. Four leave the
-// one- and two-vector kernels their 128 registers without spilling
-// (ptxas), eight spilled 0.5-1.4 KB a thread.
-constexpr int kPhase1RanksInFlight = 4;
+// Ranks whose output words the LL two-shot's phase 1 reads at once. Eight
+// spilled 0.5-1.4 KB a thread (ptxas); four took 0.1-0.5 us a call more
+// than two at hidden 4096 (one cell 0.07 less) and -0.2..+2.5 at 8192 (16
+// and 256 KB, 2, 4 and 8 ranks, one run each; docs/gpu.md "Latency,
+// twenty-first push").
+constexpr int kPhase1RanksInFlight = 2;
 
 // How many of a thread's vectors have their residual and gamma words loaded
 // before the first reduce (NormalizeReducedRow); registers decide. One-shot,
