@@ -23,6 +23,15 @@ constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
 constexpr const char* kOp = "all_reduce_rms_norm";
 ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 
+// The largest call (bytes of x per rank) the fused two-shot runs over LL
+// packets. On the H200 under MPS (bfloat16, 2026-12-04, docs/gpu.md
+// "Latency, twenty-first push") the LL kernel took 0.80-0.82x the plain
+// one's time at 2 ranks and 0.61-0.65x at 4 and 8 (16 and 256 KB of
+// hidden 4096; 0.65-0.90x at 512 KB against the plain kernel's time of
+// another command), 0.88-1.01x at hidden 8192 (16 and 256 KB), and
+// 1.04-1.06x at 1 MB of hidden 4096, where it filled its launch.
+constexpr uint64_t kFusedLLMaxBytes = 512 << 10;
+
 uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, Dtype residual_dtype, int64_t rows,
                    int64_t hidden, int32_t quantize, float eps, const NormVectors& vectors) {
   uint32_t eps_bits;
@@ -106,11 +115,13 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   // The LL region is a quarter of the data area: a row too long for it goes
   // two-shot (decided from sizes alone, so every rank switches alike).
   if (algo == Algorithm::kOneShot && rows_per_launch_of(algo) == 0) algo = Algorithm::kTwoShot;
-  // The two-shot runs over LL packets where the call fits one launch of it
-  // and its rows take one or two vectors a thread (row_plan.h), else over
-  // plain data and flags; from sizes alone, as above.
+  // The two-shot runs over LL packets for calls of up to kFusedLLMaxBytes
+  // of x that fit one launch of it, rows of one or two vectors a thread
+  // (row_plan.h); else over plain data and flags. From sizes alone, as
+  // above.
   if (algo == Algorithm::kTwoShot &&
       PlanFusedRow(static_cast<int>(hidden / lanes)).vectors_per_thread <= 2 &&
+      static_cast<uint64_t>(rows) * hidden * element_bytes <= kFusedLLMaxBytes &&
       rows <= rows_per_launch_of(Algorithm::kTwoShotLL)) {
     algo = Algorithm::kTwoShotLL;
   }
