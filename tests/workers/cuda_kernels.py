@@ -278,10 +278,16 @@ def suite_fused(mesh):
                  ("bfloat16", "float32", 6, 8192, 3, True, True),
                  ("float32", "float32", 8, 1024, 2, True, False),
                  ("bfloat16", "bfloat16", 12, 16384, 2, True, True)]
+        # On the default workspace the two-shot runs over LL packets in
+        # the cases of up to 512 KB of x per rank with rows of one or two
+        # vectors a thread (hidden up to 8192 in 16-bit types, 4096 in
+        # float32), over plain data and flags in the others (hidden 16384,
+        # float32 8192): both kernels, at every world size.
         if workspace is not None:
-            # Several launches per call (groups straddle them); with 8 ranks
-            # the 16384-wide rows do not fit the LL region, so one-shot calls
-            # run two-shot.
+            # Several launches per call (groups straddle them; the two-shot
+            # runs its plain kernel in every case here); with
+            # 8 ranks the 16384-wide rows do not fit the LL region, so
+            # one-shot calls run two-shot.
             cases = [("bfloat16", "bfloat16", 300, 2048, 1, False, False),
                      ("float32", "float32", 33, 4096, 1, False, False),
                      ("bfloat16", "bfloat16", 9, 16384, 1, False, False),
