@@ -104,6 +104,7 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   ToDtype(residual.element_type(), residual_dtype);
 
   const int world = state->world;
+  const int row_vectors = static_cast<int>(hidden / lanes);
   const uint64_t row_bytes = static_cast<uint64_t>(hidden) * element_bytes;
   const uint64_t residual_row_bytes = static_cast<uint64_t>(hidden) * residual_element_bytes;
   const uint64_t out_row_bytes = static_cast<uint64_t>(hidden) * (quantize ? 1 : element_bytes);
@@ -120,8 +121,8 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   // (row_plan.h); else over plain data and flags. From sizes alone, as
   // above.
   if (algo == Algorithm::kTwoShot &&
-      PlanFusedRow(static_cast<int>(hidden / lanes)).vectors_per_thread <= 2 &&
-      static_cast<uint64_t>(rows) * hidden * element_bytes <= kFusedLLMaxBytes &&
+      PlanFusedRow(row_vectors).vectors_per_thread <= 2 &&
+      static_cast<uint64_t>(rows) * row_bytes <= kFusedLLMaxBytes &&
       rows <= rows_per_launch_of(Algorithm::kTwoShotLL)) {
     algo = Algorithm::kTwoShotLL;
   }
@@ -133,7 +134,6 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
   }
   const uint64_t signature =
       Signature(algo, world, dtype, residual_dtype, rows, hidden, quantize, eps, vectors);
-  const int row_vectors = static_cast<int>(hidden / lanes);
 
   RmsNormLaunchArgs a{};
   FillProtocolArgs(*state, kOperation, a);

@@ -15,8 +15,9 @@
 // and computes every row itself (the all-reduce kernel's protocol, row by
 // row). two-shot: rows are split into `world` groups; each rank reduces and
 // normalizes its group and sends both outputs to everybody (the two-shot
-// protocol with rows for chunks), over LL packets where the call fits one
-// launch of them (kTwoShotLL), else over plain data and two rounds of flags.
+// protocol with rows for chunks), over LL packets where the handler takes
+// them (kTwoShotLL: calls of up to 512 KB that fit one launch), else over
+// plain data and two rounds of flags.
 //
 // Both norms' arithmetic is that of jax_ar.rms_norm's CUDA kernel (one
 // RowInverseRms each, gpu/row_norm.cuh): squares summed in double per thread
