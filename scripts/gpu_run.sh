@@ -250,7 +250,7 @@ stage_tests() {
   # is resident; beside another file's spinning kernels each may wait for
   # SMs the other holds until a deadline passes. That call returned wrong
   # sums at 8 ranks while test_ops_all_reduce_rms_norm.py ran beside it
-  # (2026-12-03, docs/gpu.md "Latency, eleventh push").
+  # (2026-12-03, docs/latency_log.md "Latency, eleventh push").
   local alone=" ${JAX_AR_GPU_ALONE:-tests/test_comm_faults.py tests/test_cuda_kernels.py} " entry key pass
   for pass in alone pool; do
     for entry in "${entries[@]}"; do

@@ -30,8 +30,8 @@ __all__ = ["default_table"]
 # per call stands at that size (predict_us never asks for a round larger
 # than the workspace's). The two-shots' points up to 1 MB are powers of
 # two (b69fdb4 cuts the LL two-shot's chunks at multiples of 512 bytes, so
-# 523264 bytes cost what 524288 do, docs/gpu.md "Latency, fifteenth
-# push"); from 2 MB they are whole LL rounds (2095104 bytes).
+# 523264 bytes cost what 524288 do, docs/latency_log.md "Latency,
+# fifteenth push"); from 2 MB they are whole LL rounds (2095104 bytes).
 # Ranks sharing one GPU say little of NVLink's bandwidth: their traffic
 # stays in one HBM (faster than NVLink at 2 ranks, shared by all at 8).
 # So the plain two-shot, the bandwidth kernel, costs at each size the more
