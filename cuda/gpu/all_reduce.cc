@@ -123,7 +123,7 @@ bool IsAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign =
 // kLLChunkGranule, one warp's vectors. Chunks that were a multiple of 128 or
 // 256 bytes only ran 1.2-1.3x slower at 4 and 8 ranks (4 ranks: 523264 bytes
 // 17.5 us, 522240 and 524288 14.2-14.6; 8 ranks: 522240 and 523264 33.2-33.3
-// us, 516096 and 524288 27.3; docs/gpu.md "Latency, fifteenth push"). The
+// us, 516096 and 524288 27.3; docs/latency_log.md "Latency, fifteenth push"). The
 // last rank's chunk is then shorter; from 16 KB the others' grow by less
 // than 1/32.
 constexpr uint64_t kLLChunkGranule = 512;

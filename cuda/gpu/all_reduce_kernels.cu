@@ -109,7 +109,7 @@ __device__ __forceinline__ uint4 OneShotInput(const AllReduceArgs<kSegments>& a,
 // type and op, which the host picks (TypedKernel): a quarter of the
 // code and 76-80 registers against 130, and 1-10% faster a call at 2, 4
 // and 8 ranks, 1-256 KB (23 of 24 cells over two runs, 2026-12-02,
-// docs/gpu.md "Latency, seventh push"). kRanksInFlight: how many ranks'
+// docs/latency_log.md "Latency, seventh push"). kRanksInFlight: how many ranks'
 // packets of a vector one read takes (packets.cuh GatherRanks; the host
 // picks, kOneShotRanksInFlight).
 template <int kSegments, OneShotPart kPart = OneShotPart::kAll, typename Fixed = void,
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kOneShotWideThreads, 1)
       if constexpr (std::is_void_v<Fixed>) {
         // Element type and op dispatched once per vector, around its waits:
         // 1-5% faster than once per peer's step at 2, 4 and 8 ranks, 1-256
-        // KB (2026-12-02, docs/gpu.md).
+        // KB (2026-12-02, docs/latency_log.md).
         DispatchAccumulator(DtypeAt(a, 16 * v, hint), a.op, [&](auto typed) {
           ok = take(typed);
           if (ok) StorePacked(a, 16 * v, typed.Result(a.op, a.world), hint);
@@ -183,7 +183,7 @@ __device__ __forceinline__ uint64_t TwoShotLLRegion(const ProtocolArgs& a, uint6
 
 // Fixed as OneShotKernel's: the typed instances were 2.6-9% faster a call
 // than the dispatching kernel at 2, 4 and 8 ranks, 1-256 KB (11 of 12
-// cells; 0.1% at 4 ranks and 1 KB; 2026-12-02, docs/gpu.md "Latency,
+// cells; 0.1% at 4 ranks and 1 KB; 2026-12-02, docs/latency_log.md "Latency,
 // eighth push"). kRanksInFlight as OneShotKernel's (the host picks,
 // kTwoShotLLRanksInFlight).
 template <int kSegments, typename Fixed = void, int kRanksInFlight = 1>
@@ -400,7 +400,7 @@ cudaError_t LaunchOneShotPart(OneShotPart part, const AllReduceArgs<1>& args, in
 // 4 ranks 0.06-0.5 faster at 1, 64 and 256 KB and within -0.15..+0.16 at
 // 16 KB; at 2 ranks, where one read takes this rank and its peer, 0.3-0.4
 // slower at 16 KB and 0.1-0.3 faster at 1 and 64 KB (2026-12-04,
-// docs/gpu.md "Latency, nineteenth push"). Four at a time
+// docs/latency_log.md "Latency, nineteenth push"). Four at a time
 // (124-128 registers) ran within the runs of two at 4 and 8 ranks. The
 // dispatching instance (twelve copies of the wait loop) spilled 300-800
 // bytes a thread with two or four, and reads one rank at a time.
@@ -409,7 +409,7 @@ constexpr int kOneShotRanksInFlight = 2;
 // Ranks whose packets the typed LL two-shot instances read at once from 3
 // ranks, in both of its phases; at 2 ranks, one. Every peer's at once
 // measured 1.2-1.6x slower at 2, 4 and 8 ranks (16 and 256 KB, 2026-12-02,
-// docs/gpu.md). Two at a time against one (98-104 registers a thread
+// docs/latency_log.md). Two at a time against one (98-104 registers a thread
 // against 80-86, no spills), two runs each at 64 KB / 256 KB / 1 MB: 4
 // ranks 0.1-0.4 / 0.15-0.37 / 3.5 us faster, 8 ranks 1.4-2.2 / 1.2-2.4 /
 // 8.2-9.7 faster; 2 ranks within -0.7..0 at 64 and 256 KB and 1.2-1.4

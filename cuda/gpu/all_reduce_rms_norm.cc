@@ -24,7 +24,7 @@ constexpr const char* kOp = "all_reduce_rms_norm";
 ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 
 // The largest call (bytes of x per rank) the fused two-shot runs over LL
-// packets. On the H200 under MPS (bfloat16, 2026-12-04, docs/gpu.md
+// packets. On the H200 under MPS (bfloat16, 2026-12-04, docs/latency_log.md
 // "Latency, twenty-first push") the LL kernel took 0.80-0.82x the plain
 // one's time at 2 ranks and 0.61-0.65x at 4 and 8 (16 and 256 KB of
 // hidden 4096; 0.65-0.90x at 512 KB against the plain kernel's time of

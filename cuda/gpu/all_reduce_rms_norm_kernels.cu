@@ -42,7 +42,7 @@ constexpr int kFusedRanksInFlight = 2;
 // Ranks whose output words the LL two-shot's phase 1 reads at once. Eight
 // spilled 0.5-1.4 KB a thread (ptxas); four took 0.1-0.5 us a call more
 // than two at hidden 4096 (one cell 0.07 less) and -0.2..+2.5 at 8192 (16
-// and 256 KB, 2, 4 and 8 ranks, one run each; docs/gpu.md "Latency,
+// and 256 KB, 2, 4 and 8 ranks, one run each; docs/latency_log.md "Latency,
 // twenty-first push").
 constexpr int kPhase1RanksInFlight = 2;
 
@@ -52,7 +52,7 @@ constexpr int kPhase1RanksInFlight = 2;
 // behind the packet waits (the fused call ran 3.5 us above the one-shot
 // all-reduce at 1 token without); holding the second's too, the two-vector
 // kernels spilled 32-80 bytes a thread and ran up to 1.4 us slower at 8
-// ranks (docs/gpu.md "Latency, sixteenth push"). Two-shot: both of a
+// ranks (docs/latency_log.md "Latency, sixteenth push"). Two-shot: both of a
 // two-vector thread, which holds no packets and spills nothing then; the
 // first only ran 0.1-1.2 us slower at 2 ranks (hidden 8192, 256 KB-4 MB)
 // and 0.7-2.5 at 4 ranks and 256 KB, with the runs overlapping at 4 ranks
@@ -87,7 +87,7 @@ __device__ __forceinline__ bool SumRanksOfPacket(const RmsNormLaunchArgs& a, con
                        // registers: unpacking into `first ? acc : next` (a
                        // destination chosen at run time) kept acc in local
                        // memory, and calls of 32-128 tokens ran 1.3-1.4x
-                       // slower at 4 and 8 ranks (docs/gpu.md "Latency,
+                       // slower at 4 and 8 ranks (docs/latency_log.md "Latency,
                        // thirteenth push").
                        const bool first = batch.base + r == 0;
                        Vec<D>::Unpack(batch.Data(r), next);

@@ -187,7 +187,7 @@ __device__ inline void FillBytes(void* out, uint64_t bytes) {
 // its round trip is over before the launch ends. Read at the end, it was a
 // round trip after the block's last wait (moved here, the one-shot was
 // 0.06-0.27 us a call faster at 2 ranks, -7% to +2% at 4 and -5% to +2%
-// at 8, docs/gpu.md "Latency, eighth push").
+// at 8, docs/latency_log.md "Latency, eighth push").
 __device__ inline LaunchContext BeginLaunch(const ProtocolArgs& a) {
   __shared__ uint64_t s_launch;
   __shared__ int s_live;
@@ -260,7 +260,7 @@ __device__ inline void CheckAlone(const ProtocolArgs& a, const LaunchContext& ct
 // counter is written by two blocks of one launch: no block waits for
 // another, and none needs to know whether it is the last (no atomic, no
 // fence; measured as fast as one counter that the last block stores after
-// an atomic count, docs/gpu.md). The next launch of the stream starts only
+// an atomic count, docs/latency_log.md). The next launch of the stream starts only
 // once this one has finished. Thread 0 acts on the failure word that peers
 // raise in this rank's workspace, as BeginLaunch read it: a launch whose
 // data all arrived never polls long enough to see a failure a peer told

@@ -52,7 +52,7 @@ inline constexpr int BlockCap(int world) {
 // 2 from 512 KB): each vector a thread holds costs it a round trip. The
 // one-shot reads one or two ranks' packets at a time (76-80 and 95-104
 // registers a thread in the typed instances, so 512-thread blocks need no
-// spills). Measured on the H200: docs/gpu.md.
+// spills). Measured on the H200: docs/latency_log.md.
 inline constexpr int kOneShotThreads = 128;
 inline constexpr int kOneShotMaxThreads = 256;
 inline constexpr int kOneShotWideThreads = 512;
@@ -194,7 +194,7 @@ struct ProtocolArgs {
   // workspaces[rank]'s control block, where peers raise the failure word. A
   // launch's start reads the word; through workspaces[a.rank] its address
   // took two dependent constant loads (the second indexed by the rank) on
-  // thread 0's way to the block's barrier (SASS; docs/gpu.md "Latency, ninth
+  // thread 0's way to the block's barrier (SASS; docs/latency_log.md "Latency, ninth
   // push").
   PeerControl* own_control;
   LocalControl* local;               // our slot of the never-freed table

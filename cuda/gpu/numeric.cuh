@@ -22,7 +22,7 @@ __device__ __forceinline__ bool SignBit(float v) { return (__float_as_uint(v) >>
 // and each lane is straight-line code. A switch on the op inside the lane
 // loop measured 0.8-1.3 us a call per peer's step at 2-8 ranks: the
 // one-shot summing took 5.2 us against 3.9 with the words xor-ed, at 2
-// ranks and 1 KB (2026-12-02, docs/gpu.md).
+// ranks and 1 KB (2026-12-02, docs/latency_log.md).
 struct SumLanes {
   __device__ static __forceinline__ float Apply(float a, float b) { return __fadd_rn(a, b); }
   __device__ static __forceinline__ int32_t Apply(int32_t a, int32_t b) {
@@ -110,7 +110,7 @@ struct TypedAccumulator {
   // exact), in one instruction a lane where the division takes about ten
   // and a called slow path for some values. The division is the one
   // difference in the kernel between op avg and sum, and avg measured
-  // 1.2-1.7 us a call slower (docs/gpu.md, 2026-12-02).
+  // 1.2-1.7 us a call slower (docs/latency_log.md, 2026-12-02).
   __device__ __forceinline__ uint4 Result(int op, int world) const {
     Acc x[V::kLanes];
 #pragma unroll

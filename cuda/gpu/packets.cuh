@@ -34,7 +34,7 @@ __device__ __forceinline__ void SendPacketPair(const ProtocolArgs& a, int parity
 // every peer of an 8-GPU node in one round trip (the protocol probe's
 // packet stage; about 130 registers a thread). Every peer's at once was
 // slower in the all-reduce kernels at every world size measured
-// (docs/gpu.md): the one-shot and the LL two-shot read one rank at a time
+// (docs/latency_log.md): the one-shot and the LL two-shot read one rank at a time
 // at 2 ranks and two from 3 (all_reduce_kernels.cu kOneShotRanksInFlight,
 // kTwoShotLLRanksInFlight), the fused kernels two.
 inline constexpr int kRanksInFlight = 8;
@@ -83,7 +83,7 @@ __device__ __forceinline__ void ReadPending(PairOf&& pair_of, PacketFlags flags,
 // flooded the memory system while 8 ranks waited, 182 us instead of 60 at
 // 256 KB), and once it is in, the peers still missing are read again
 // together (each awaited alone in turn instead measured slower still at 2,
-// 4 and 8 ranks, 2026-12-02, docs/gpu.md). Every index into the
+// 4 and 8 ranks, 2026-12-02, docs/latency_log.md). Every index into the
 // batch is a compile-time constant (the rank awaited alone is matched by
 // predicated moves), so it stays in registers, and the one spin loop is
 // written once. False if a wait was given up (the rank is then aborted).

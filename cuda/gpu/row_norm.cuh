@@ -145,7 +145,7 @@ __device__ __forceinline__ void FenceRowSumSlotsReady() {
 /// blocks and no cluster barrier is passed: the barrier's release ordered
 /// every earlier store of the thread (the LL packets to peers among them)
 /// before the sums, and the calls ran 0.3-1.2 us slower with it at 2 and 4
-/// ranks (docs/gpu.md "Latency, eighteenth push"). Every thread of the
+/// ranks (docs/latency_log.md "Latency, eighteenth push"). Every thread of the
 /// cluster must call this together, after every block started and readied
 /// `slot` (ReadyRowSumSlot, ClusterArriveRelaxed, ClusterWait); a slot
 /// takes one sum a launch. No block leaves before the sums into its slots

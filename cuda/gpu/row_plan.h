@@ -64,7 +64,7 @@ inline constexpr RowPlan PlanRow(int row_vectors, int vectors_per_thread_wanted,
 // are built for kFusedNarrowThreads threads (one block an SM), which leaves
 // them 128 registers; built for 1024 threads (64 registers) they spilled
 // 144-196 bytes a thread between a peer's packets and the sum and ran
-// 1.2-2.5 us a call slower at 2-8 ranks (2026-12-02, docs/gpu.md). Rows of
+// 1.2-2.5 us a call slower at 2-8 ranks (2026-12-02, docs/latency_log.md). Rows of
 // more than 2 * kFusedNarrowThreads vectors (float32 rows over 4096) take
 // four a thread in groups of up to kMaxThreadsPerRow.
 inline constexpr int kFusedNarrowThreads = 512;
@@ -92,7 +92,7 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // blocks sum the row's squares through distributed shared memory in the
 // order one block adds them (row_norm.cuh ClusterRowSum), and threads of
 // two vectors add them as two threads of one would (RowSumOfVectors), so a
-// row's result is the same either way. Measured on the H200 (docs/gpu.md
+// row's result is the same either way. Measured on the H200 (docs/latency_log.md
 // "Latency, sixth push" and "seventh push"): where each row has its own
 // cluster, calls ran 7-48% faster than one block a row (hidden 4096 and
 // 8192, 1-16 tokens, 2-8 ranks); clusters whose rows took turns on the
