@@ -64,5 +64,21 @@ def matmul_all_reduce(x, w, axis_name, *, precision=None, preferred_element_type
                          f"shard_map over {axis_name!r} or outside shard_map")
     if x.shape[-1] != w.shape[0]:
         raise ValueError(f"{op}: x has {x.shape[-1]} features but w has {w.shape[0]} rows")
+    _check_axis_in_meshes(op, axis_name, mesh, x, w)
     return matmul_all_reduce_p.bind(x, w, axis=axis_name, precision=precision,
                                     preferred_element_type=preferred, algorithm=algorithm)
+
+
+def _check_axis_in_meshes(op, axis_name, context_mesh, *arrays) -> None:
+    """In plain jit: `axis_name` must be an axis of the meshes the call can
+    see (jax.set_mesh's, and those x's and w's shardings name). Without
+    this check a missing axis surfaces only while XLA partitions the
+    program, as an internal error around the partitioner's traceback."""
+    meshes = [context_mesh] + [getattr(jax.typeof(a).sharding, "mesh", None) for a in arrays]
+    for mesh in meshes:
+        if mesh is None or getattr(mesh, "empty", True):
+            continue
+        if axis_name not in mesh.axis_names:
+            raise ValueError(f"{op}: axis {axis_name!r} is not an axis of the call's mesh "
+                             f"{tuple(mesh.axis_names)} (its operands' sharding or "
+                             "jax.set_mesh's)")

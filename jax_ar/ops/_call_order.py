@@ -38,6 +38,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
+from .. import _native
+
 __all__ = ["after", "ffi_call_in_order", "in_chain", "on_cpu"]
 
 # {thread id: (module being lowered, {block: (value, aval)})}. Not a
@@ -84,10 +86,19 @@ def after_previous_call(ctx, operands):
         return list(operands)
     link, link_aval = previous
     avals = list(ctx.avals_in)
-    rule = jax.ffi.ffi_lowering(
-        "jax_ar_order", operand_output_aliases={i: i for i in range(len(operands))})
+    rule = _order_rule(len(operands))
     return list(rule(ctx.replace(avals_in=avals + [link_aval], avals_out=avals),
                      *operands, link))
+
+
+def _order_rule(count: int):
+    """The lowering of `jax_ar_order` over `count` values (and a link). The
+    CPU module's targets are registered first: a program may order calls
+    that no communicator serves (matmul_all_reduce's psum fallback before
+    any jax_ar.setup), and XLA must know the target when it compiles."""
+    _native.targets("cpu")
+    return jax.ffi.ffi_lowering(
+        "jax_ar_order", operand_output_aliases={i: i for i in range(count)})
 
 
 def record_call(ctx, result) -> None:
@@ -108,9 +119,7 @@ def _after_lowering(ctx, *args):
     *values, link = args
     if not on_cpu(ctx):
         return values  # one stream keeps the compiled order
-    rule = jax.ffi.ffi_lowering(
-        "jax_ar_order", operand_output_aliases={i: i for i in range(len(values))})
-    return rule(ctx, *values, link)
+    return _order_rule(len(values))(ctx, *values, link)
 
 
 mlir.register_lowering(after_p, _after_lowering, cacheable=False)

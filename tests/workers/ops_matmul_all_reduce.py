@@ -2,7 +2,7 @@
 Usage: ops_matmul_all_reduce.py [SUITE...]
 
 Suites: shard_map, jit, jit_2d, independent_calls, grad, vmap, fallback,
-bad_input. The data are small integers, so every partial product and sum is
+bad_input; `before_setup`, alone, runs without jax_ar.setup. The data are small integers, so every partial product and sum is
 exact in every dtype and order: results are compared bit for bit with
 numpy's x @ w, with jnp + psum inside shard_map and with XLA's own
 partitioning of x @ w in plain jit. Where XLA's collectives cannot run
@@ -283,6 +283,8 @@ def suite_bad_input(comms):
                                                   "tp"))(x, w))
     expect_error(ValueError, "algorithm must be", lambda: mar(x, w, "tp", algorithm="ring"))
     expect_error(TypeError, "axis_name must be", lambda: mar(x, w, ("tp",)))
+    expect_error(ValueError, "axis 'dp' is not an axis of the call's mesh ('tp',)",
+                 lambda: jax.jit(lambda a, b: mar(a, b, "dp"))(x, w))
     if len(comms) >= 3:
         mesh2 = comms[2].mesh
         f = jax.shard_map(lambda a, b: mar(a, b, "tp"), mesh=mesh2, in_specs=(P("dp"), P()),
@@ -296,7 +298,25 @@ def suite_bad_input(comms):
 SUITES = suites_in(globals())
 
 
+def before_setup(_):
+    """In a process where jax_ar.setup never ran: plain jit still computes
+    the product, summed by psum (the CPU lowering's call-order links need
+    jax_ar's CPU targets, which setup would otherwise have registered)."""
+    rng = np.random.default_rng(SEED + 53)
+    n = jax.device_count()
+    mesh = jax.make_mesh((n,), ("tp",))
+    x = small_integers(rng, (4, 16 * n), np.float32)
+    w = small_integers(rng, (16 * n, 8), np.float32)
+    args = (global_array(x, mesh, P(None, "tp")), global_array(w, mesh, P("tp", None)))
+    y = jax.jit(lambda a, b: jax_ar.matmul_all_reduce(a, b, "tp"))(*args)
+    check_shards(y, exact_product(x, w), "before setup")
+    log("before_setup: ok")
+
+
 def main(argv):
+    if argv == ["before_setup"]:  # its own launch: no communicator anywhere
+        run_suites({"before_setup": before_setup}, argv, None)
+        return
     comms = [jax_ar.setup(mesh, "tp") for mesh in meshes()]
     log(f"{jax.device_count()} devices, {jax.process_count()} processes, "
         f"meshes {[dict(c.mesh.shape) for c in comms]}")
