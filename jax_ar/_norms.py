@@ -18,8 +18,10 @@ from .ops.rms_norm import SUPPORTED_DTYPES, kernel_takes_residual, rms_norm_p
 
 __all__ = ["all_reduce_rms_norm", "rms_norm"]
 
+_SMALLEST_NORMAL_F32 = float(np.finfo(np.float32).tiny)
 
-def rms_norm(x, gamma, eps=1e-6, residual=None, scale_offset=0.0):
+
+def rms_norm(x, gamma, eps=1e-6, scale_offset=0.0, residual=None):
     """RMSNorm over the last dimension, optionally after a residual add.
 
     Without `residual`: returns out = x * rsqrt(mean(x^2, -1) + eps) *
@@ -110,8 +112,11 @@ def _check_eps(op: str, eps) -> float:
     value = float(eps)
     if not value > 0 or not np.isfinite(value):
         raise ValueError(f"{op}: eps must be positive and finite, got {eps!r}")
-    if not np.float32(value) > 0:
-        raise ValueError(f"{op}: eps={eps!r} is zero in float32")
+    if not np.float32(value) >= _SMALLEST_NORMAL_F32:
+        # Subnormal (or zero) in float32: XLA's CPU code and the fused kernel
+        # flush it to zero, where an all-zero row has no RMS.
+        raise ValueError(f"{op}: eps={eps!r} is below float32's smallest normal number "
+                         f"({_SMALLEST_NORMAL_F32:.8g}), which kernels flush to zero")
     return value
 
 

@@ -666,6 +666,8 @@ def suite_bad_input(mesh, comm):
     for eps in (0.0, -1.0, float("nan"), float("inf")):
         expect_error(ValueError, "eps must be positive",
                      lambda: call(lambda a, b, c: arn(a, b, c, "tp", eps=eps)))
+    expect_error(ValueError, "below float32's smallest normal number",
+                 lambda: call(lambda a, b, c: arn(a, b, c, "tp", eps=1e-40)))
     for scale, kind, fragment in ((0.0, ValueError, "positive"), (-2.0, ValueError, "positive"),
                                   (float("nan"), ValueError, "positive"),
                                   (np.ones(2, np.float32), ValueError, "scalar"),

@@ -387,6 +387,9 @@ def suite_bad_input(mesh):
     expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=0.0))
     expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=-1e-6))
     expect_error(ValueError, "eps must be positive", lambda: norm(x, g, eps=float("nan")))
+    for eps in (1e-40, 1e-46):  # subnormal, and zero, in float32
+        expect_error(ValueError, "below float32's smallest normal number",
+                     lambda: norm(x, g, eps=eps))
     expect_error(TypeError, "eps must be a Python float", lambda: norm(x, g, eps="1e-6"))
     expect_error(ValueError, "at least one dimension", lambda: norm(jnp.float32(1), g[:1]))
     expect_error(ValueError, "gamma has shape", lambda: jax.jit(norm)(x, g[:3]))
