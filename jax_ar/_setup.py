@@ -20,7 +20,9 @@ def setup(mesh, axis_name, workspace_bytes=None, timeout_s=None) -> Communicator
     device of the mesh, peers' handles exchanged through jax.distributed,
     and a check that every process agrees on the configuration. Collective:
     every process that owns devices of the mesh calls it with the same
-    arguments. Idempotent for the same (mesh, axis). Returns the
+    arguments. Idempotent for the same (mesh, axis): a later call returns
+    the same Communicator, whose workspace_bytes and timeout_s None leaves
+    as set up (other values than it has raise ValueError). Returns the
     Communicator (close() releases it; so does the end of the process)."""
     return open_communicator(mesh, axis_name, workspace_bytes, timeout_s,
                              agreement=_cost_table_agreement)

@@ -175,18 +175,23 @@ def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
         raise ValueError(f"jax_ar.setup: axis {axis_name!r} is not an axis of the mesh "
                          f"(axes: {mesh.axis_names})")
     platform = _platform_of(mesh)
-    if workspace_bytes is None:
-        workspace_bytes = DEFAULT_WORKSPACE_BYTES.get(platform, MIN_WORKSPACE_BYTES)
-    elif isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)):
-        raise TypeError(f"jax_ar.setup: workspace_bytes must be an int, got {workspace_bytes!r}")
-    elif not MIN_WORKSPACE_BYTES <= workspace_bytes <= MAX_WORKSPACE_BYTES:
-        raise ValueError(f"jax_ar.setup: workspace_bytes must be between {MIN_WORKSPACE_BYTES} "
-                         f"(1 MiB) and {MAX_WORKSPACE_BYTES} (1 TiB), got {workspace_bytes}")
-    workspace_bytes = int(workspace_bytes) // 4096 * 4096
+    given = {}  # what this call asks for explicitly; None leaves it as set up
+    if workspace_bytes is not None:
+        if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes,
+                                                                (int, np.integer)):
+            raise TypeError(
+                f"jax_ar.setup: workspace_bytes must be an int, got {workspace_bytes!r}")
+        if not MIN_WORKSPACE_BYTES <= workspace_bytes <= MAX_WORKSPACE_BYTES:
+            raise ValueError(
+                f"jax_ar.setup: workspace_bytes must be between {MIN_WORKSPACE_BYTES} "
+                f"(1 MiB) and {MAX_WORKSPACE_BYTES} (1 TiB), got {workspace_bytes}")
+        given["workspace_bytes"] = int(workspace_bytes) // 4096 * 4096
     try:
         timeout = config.resolve_timeout(timeout_s)
     except (TypeError, ValueError) as e:
         raise type(e)(f"jax_ar.setup: {e}") from None
+    if timeout_s is not None:
+        given["timeout_s"] = timeout
 
     groups = mesh_groups(mesh, axis_name)
     # A communicator is its devices in rank order: another mesh with the same
@@ -195,12 +200,15 @@ def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
     with _lock:
         existing = _open.get(key)
         if existing is not None:
-            if workspace_bytes != existing.workspace_bytes:
-                raise ValueError(
-                    f"jax_ar.setup: axis {axis_name!r} over these devices is already set up "
-                    f"with workspace_bytes={existing.workspace_bytes}; close() it first to "
-                    "change it")
+            for name, value in given.items():
+                if value != getattr(existing, name):
+                    raise ValueError(
+                        f"jax_ar.setup: axis {axis_name!r} over these devices is already set "
+                        f"up with {name}={getattr(existing, name)}; close() it first to change "
+                        f"it (or pass {name}=None to take it as it is)")
             return existing
+        workspace_bytes = given.get(
+            "workspace_bytes", DEFAULT_WORKSPACE_BYTES.get(platform, MIN_WORKSPACE_BYTES))
         _generations[key] += 1
         comm_id = _stable_id(key, _generations[key])
         comm = Communicator(mesh, axis_name, platform, groups, workspace_bytes, timeout, comm_id)

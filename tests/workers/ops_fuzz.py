@@ -250,6 +250,24 @@ def fuzz_setup_and_communicator(fz):
     fz.case("setup twice with another workspace size",
             lambda: jax_ar.setup(mesh, "tp", workspace_bytes=fz.comm.workspace_bytes * 2),
             ValueError, ("workspace_bytes",))
+    fz.case("setup twice with the workspace size and deadline it has",
+            lambda: _assert(jax_ar.setup(mesh, "tp", workspace_bytes=fz.comm.workspace_bytes,
+                                         timeout_s=fz.comm.timeout_s) is fz.comm,
+                            "not idempotent"))
+    fz.case("setup twice with another deadline",
+            lambda: jax_ar.setup(mesh, "tp", timeout_s=fz.comm.timeout_s + 1), ValueError,
+            ("timeout_s",))
+
+    def custom_workspace_then_defaults():
+        # None means "as it is set up", not the default size.
+        comm = jax_ar.setup(jax.make_mesh((fz.n,), ("ws",)), "ws", workspace_bytes=2 << 20)
+        try:
+            _assert(jax_ar.setup(jax.make_mesh((fz.n,), ("ws",)), "ws") is comm,
+                    "setup(mesh, axis) after a custom workspace size is not the same one")
+        finally:
+            comm.close()
+
+    fz.case("setup with a custom workspace, then without one", custom_workspace_then_defaults)
 
     def closed_communicator():
         comm = jax_ar.setup(jax.make_mesh((fz.n,), ("c",)), "c")
