@@ -299,8 +299,9 @@ SUITES = suites_in(globals())
 
 
 def before_setup(_):
-    """In a process where jax_ar.setup never ran: plain jit still computes
-    the product, summed by psum (the CPU lowering's call-order links need
+    """In a process where jax_ar.setup never ran, calls that need no
+    communicator still run: plain jit's product, summed by psum, and
+    all-reduces over a vmap axis (the CPU lowering's call-order links need
     jax_ar's CPU targets, which setup would otherwise have registered)."""
     rng = np.random.default_rng(SEED + 53)
     n = jax.device_count()
@@ -310,6 +311,13 @@ def before_setup(_):
     args = (global_array(x, mesh, P(None, "tp")), global_array(w, mesh, P("tp", None)))
     y = jax.jit(lambda a, b: jax_ar.matmul_all_reduce(a, b, "tp"))(*args)
     check_shards(y, exact_product(x, w), "before setup")
+    # Two all-reduces over a vmap axis (served without a communicator),
+    # ordered on CPU as every pair of jax_ar calls is.
+    v = small_integers(rng, (3, 4), np.float32)
+    two_calls = lambda a: jax_ar.all_reduce(a, "i") + jax_ar.all_reduce(a, "i", op="max")  # noqa: E731
+    both = jax.jit(jax.vmap(two_calls, axis_name="i"))(v)
+    assert_bitwise_equal(np.asarray(both), np.broadcast_to(v.sum(0) + v.max(0), v.shape),
+                         "two vmap all-reduces before setup")
     log("before_setup: ok")
 
 
