@@ -2,8 +2,9 @@
 Usage: ops_matmul_all_reduce.py [SUITE...]
 
 Suites: shard_map, jit, jit_2d, independent_calls, grad, vmap, fallback,
-bad_input; `before_setup`, alone, runs without jax_ar.setup. The data are small integers, so every partial product and sum is
-exact in every dtype and order: results are compared bit for bit with
+bad_input; `before_setup`, alone, runs without jax_ar.setup. The data are
+small integers, so every partial product and sum is exact in every dtype
+and order: results are compared bit for bit with
 numpy's x @ w, with jnp + psum inside shard_map and with XLA's own
 partitioning of x @ w in plain jit. Where XLA's collectives cannot run
 (ranks sharing a GPU: NCCL refuses them) the comparisons with psum and
@@ -314,7 +315,9 @@ def before_setup(_):
     # Two all-reduces over a vmap axis (served without a communicator),
     # ordered on CPU as every pair of jax_ar calls is.
     v = small_integers(rng, (3, 4), np.float32)
-    two_calls = lambda a: jax_ar.all_reduce(a, "i") + jax_ar.all_reduce(a, "i", op="max")  # noqa: E731
+    def two_calls(a):
+        return jax_ar.all_reduce(a, "i") + jax_ar.all_reduce(a, "i", op="max")
+
     both = jax.jit(jax.vmap(two_calls, axis_name="i"))(v)
     assert_bitwise_equal(np.asarray(both), np.broadcast_to(v.sum(0) + v.max(0), v.shape),
                          "two vmap all-reduces before setup")
