@@ -188,6 +188,11 @@ def pair_refuses(x, residual, extras, quantize, comm) -> str | None:
     for the fused kernel here, or None."""
     if quantize or extras:
         return "the pair has no FP8 output, post-norm or bias"
+    if np.dtype(x.dtype) == np.float16:
+        # The pair rounds the sum over ranks to x's dtype before the residual
+        # is added: float16's range (65504) can overflow where the float32
+        # sum the fused contract adds cannot.
+        return "the pair would round the sum over ranks to float16"
     mesh = jax.sharding.get_abstract_mesh()
     if set(getattr(mesh, "manual_axes", ())) != set(mesh.axis_names):
         return "rms_norm's kernel call is partitioned where shard_map leaves axes automatic"

@@ -72,8 +72,8 @@ def norm_auto_takes_pair(comm, shape, dtype, residual_dtype, plain=True) -> bool
     wide = residual_dtype == np.float32 and dtype != np.float32
     fused = fused and hidden * dtype.itemsize <= comm.capacity_bytes(
         "max_fused_row_bytes_f32_residual" if wide else "max_fused_row_bytes")
-    if not (fused and plain) or not int(np.prod(shape)):
-        return False
+    if not (fused and plain) or not int(np.prod(shape)) or dtype == np.float16:
+        return False  # (float16: the pair's rounded sum could overflow)
     return selection.choose_norm_path(comm, int(np.prod(shape)) * dtype.itemsize) == "composed"
 
 

@@ -313,12 +313,33 @@ def lowered_targets(mesh, case, algorithm="auto"):
     return sorted(set(re.findall(r"custom_call @(jax_ar_\w+)", text)) - {"jax_ar_order"})
 
 
+def check_float16_sum_beyond_range(mesh, world, what):
+    """float16 partials whose sum over ranks passes float16's 65504 while the
+    sum plus the float32 residual does not: the float32 sum of the contract
+    (never the pair's float16 one, which would be inf)."""
+    partial, hidden = 40000.0, 512  # a float16 value; world * it > 65504
+    x = np.full((2 * world, hidden), partial, np.float16)
+    residual = np.full((2, hidden), 1000.0 - partial * world, np.float32)
+    f = jax.jit(jax.shard_map(
+        lambda a, b, c: jax_ar.all_reduce_rms_norm(a, b, c, "tp"),
+        mesh=mesh, in_specs=(P("tp"), P(), P()), out_specs=(P(), P())))
+    out, residual_out = f(global_array(x, mesh, P("tp")), global_array(residual, mesh, P()),
+                          global_array(np.ones(hidden, np.float32), mesh, P()))
+    for device, _, got in local_shards(residual_out):
+        np.testing.assert_array_equal(got, np.full(got.shape, 1000.0, np.float32),
+                                      err_msg=f"{what}: float16 residual_out on {device}")
+    for device, _, got in local_shards(out):  # 1000 / sqrt(1000^2 + eps) rounds to 1
+        np.testing.assert_array_equal(got, np.ones(got.shape, np.float16),
+                                      err_msg=f"{what}: float16 out on {device}")
+
+
 def suite_auto_paths(mesh, comm):
     """algorithm="auto" follows the cost table between the fused kernel and
     the pair (jax_ar.all_reduce, then jax_ar.rms_norm): a table where the
     pair is cheapest runs the pair (its values: the sum rounded to x's
     dtype before the residual add), one where fused is runs the kernel; and
-    the pair never stands in where it cannot (FP8, post-norm, bias)."""
+    the pair never stands in where it cannot (FP8, post-norm, bias) or
+    where its rounding could overflow (float16 x)."""
     rng = np.random.default_rng(SEED + 28)
     world = comm.world_size
     saved = os.environ.get("JAX_AR_TABLE")
@@ -339,12 +360,14 @@ def suite_auto_paths(mesh, comm):
             cases = [Case(rng, world, (3, 512), dt) for dt in FLOAT_DTYPES]
             cases.append(Case(rng, world, (2, 1024), "bfloat16", residual_dtype="float32"))
             for case in cases:
+                pair = cheapest == "composed" and np.dtype(case.dtype) != np.float16
                 targets = lowered_targets(mesh, case)
-                want = (["jax_ar_add_rms_norm", "jax_ar_all_reduce"] if cheapest == "composed"
+                want = (["jax_ar_add_rms_norm", "jax_ar_all_reduce"] if pair
                         else ["jax_ar_all_reduce_rms_norm"])
                 assert targets == want, (cheapest, str(case), targets)
-                assert auto_takes_pair(comm, case) == (cheapest == "composed"), str(case)
+                assert auto_takes_pair(comm, case) == pair, str(case)
             check_cases(mesh, comm, cases, "auto", f"auto ({cheapest} cheapest)")
+            check_float16_sum_beyond_range(mesh, world, f"auto ({cheapest} cheapest)")
             others = [Case(rng, world, (3, 512), "bfloat16", quant_scale=0.5),
                       Case(rng, world, (3, 512), "bfloat16", post_norm=True),
                       Case(rng, world, (3, 512), "bfloat16", bias=True)]
