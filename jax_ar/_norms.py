@@ -75,8 +75,10 @@ def all_reduce_rms_norm(x, residual, gamma, axis_name, eps=1e-6, algorithm="auto
     "psum" ("oneshot"/"twoshot" force the fused kernel; "auto" may run
     jax_ar.all_reduce then jax_ar.rms_norm where the cost table says that is
     faster, see docs/rms_norm.md). Returns (out, residual_out).
-    Differentiable except with quant_scale; under vmap gamma may differ per
-    batch member (stacked layers).
+    Differentiable in reverse mode (jax.grad, jax.vjp) except with
+    quant_scale; forward mode (jax.jvp, jax.jacfwd) raises JAX's TypeError
+    where the fused kernel serves the call (its derivative is a custom VJP).
+    Under vmap gamma may differ per batch member (stacked layers).
     """
     op = "jax_ar.all_reduce_rms_norm"
     if not isinstance(algorithm, str) or algorithm not in config.ALGORITHMS:
