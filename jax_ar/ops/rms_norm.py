@@ -129,9 +129,10 @@ def _cuda_serves(aval) -> str | None:
     hidden = aval.shape[-1]
     vector = limits["vector_bytes"] // itemsize
     longest = limits["rms_norm_max_row_vectors"]
-    if hidden % vector or not 0 < hidden // vector <= longest:
-        return (f"hidden size {hidden} is not a multiple of {vector} up to "
-                f"{vector * longest} for {aval.dtype}")
+    if hidden % vector:
+        return f"hidden size {hidden} is not a multiple of {vector} for {aval.dtype}"
+    if not 0 < hidden // vector <= longest:
+        return f"hidden size {hidden} is above {vector * longest} for {aval.dtype}"
     return None
 
 
@@ -165,9 +166,12 @@ def fused_refuses(x, residual, comm) -> Reason | None:
     low, high = limits["fused_min_hidden"], limits["fused_max_hidden"]
     hidden, itemsize = x.shape[-1], np.dtype(x.dtype).itemsize
     vector = limits["vector_bytes"] // itemsize
-    if not low <= hidden <= high or hidden % vector:
-        return Reason(f"hidden size {hidden} is not a multiple of {vector} in [{low}, {high}] "
-                      f"for {np.dtype(x.dtype)}", "pad the hidden dimension")
+    if not low <= hidden <= high:
+        return Reason(f"hidden size {hidden} is outside the fused kernel's [{low}, {high}]",
+                      "pad the hidden dimension" if hidden < low else "")
+    if hidden % vector:
+        return Reason(f"hidden size {hidden} is not a multiple of {vector} for "
+                      f"{np.dtype(x.dtype)}", "pad the hidden dimension")
     residual_refused = kernel_takes_residual(x.dtype, residual.dtype)
     if residual_refused:
         return Reason(residual_refused, "cast the residual to x's dtype or float32")

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ar
 from jax_ar import selection
+from jax_ar.ops.rms_norm import fused_refuses
 from jax_ar.selection import table as _table
 from common import (assert_equal_nan_aware, expect_error, global_array, local_shards, log,
                     SuiteSkipped, main_guard, norm_auto_takes_pair, suites_in,
@@ -413,6 +414,18 @@ def suite_general(mesh, comm):
     cases.append(Case(rng, world, (2, 16384), "float32"))
     for case, (out, residual_out) in zip(cases, run_cases(mesh, cases, "auto")):
         case.check(out, residual_out, "general")
+    # The warning says which limit the call missed.
+    limits = jax_ar._native.limits(comm.platform)
+    bounds = f"[{limits['fused_min_hidden']}, {limits['fused_max_hidden']}]"
+    for hidden, dtype, why, todo in (
+            (100, "float32", f"hidden size 100 is outside the fused kernel's {bounds}",
+             "pad the hidden dimension"),
+            (20000, "float16", f"hidden size 20000 is outside the fused kernel's {bounds}", ""),
+            (132, "bfloat16", "hidden size 132 is not a multiple of 8 for bfloat16",
+             "pad the hidden dimension")):
+        x = jax.ShapeDtypeStruct((2, hidden), np.dtype(dtype))
+        reason = fused_refuses(x, x, comm)
+        assert (reason.why, reason.todo) == (why, todo), (hidden, dtype, reason)
     log("general: ok")
 
 
