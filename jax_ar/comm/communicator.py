@@ -137,7 +137,8 @@ class Communicator:
                 return diverged
             self._closed = True
             if self._backend is not None:
-                diverged = self._backend.close(self.comm_id, linger_s) or []
+                diverged = [text + _QUEUED_CALLS_HINT
+                            for text in self._backend.close(self.comm_id, linger_s) or []]
             for key, comm in list(_open.items()):
                 if comm is self:
                     del _open[key]
@@ -427,6 +428,15 @@ def _establish(comm, backend, rendezvous, me, label, describe, agreement):
         backend.close(comm.comm_id)
         comm._backend = None
         _fall_back(comm, f"peers of {label} are not reachable ({'; '.join(reasons)})")
+
+
+# A close that finds a peer inside a call this process never made: the
+# process may have skipped it, or dispatched it and closed (or ended) before
+# it started. XLA runs programs asynchronously and close() cannot see calls
+# still queued, so the message names the second cause too.
+_QUEUED_CALLS_HINT = (". If this process had dispatched calls that had not started when it "
+                      "closed (or its script ended), that is the cause: wait for the results "
+                      "(jax.block_until_ready) before close() or the end")
 
 
 def _fall_back(comm: Communicator, reason: str) -> None:

@@ -10,7 +10,9 @@ bad argument). Cases run one after the other in this process; each is
 logged before it starts, so a crash (which the launcher reports as a failed
 rank) points at its case. All failing cases are listed at the end.
 """
+import os
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -268,6 +270,27 @@ def fuzz_setup_and_communicator(fz):
             comm.close()
 
     fz.case("setup with a custom workspace, then without one", custom_workspace_then_defaults)
+
+    def malformed_table():
+        # A cost table that cannot be used is an error from setup, which
+        # reads it (docs/benchmarks.md), never replaced by the defaults.
+        path = os.path.join(tempfile.mkdtemp(), "table.json")
+        with open(path, "w") as f:
+            f.write("{not json")
+        saved = os.environ.get("JAX_AR_TABLE")
+        os.environ["JAX_AR_TABLE"] = path
+        jax_ar.selection.clear_cache()
+        try:
+            jax_ar.setup(jax.make_mesh((fz.n,), ("bad_table",)), "bad_table")
+        finally:
+            if saved is None:
+                os.environ.pop("JAX_AR_TABLE")
+            else:
+                os.environ["JAX_AR_TABLE"] = saved
+            jax_ar.selection.clear_cache()
+
+    fz.case("setup with a malformed cost table", malformed_table, jax_ar.selection.TableError,
+            ("table.json",))
 
     def closed_communicator():
         comm = jax_ar.setup(jax.make_mesh((fz.n,), ("c",)), "c")
