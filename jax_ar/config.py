@@ -39,9 +39,14 @@ DEFAULT_TIMEOUT_S = 15.0
 
 logger = logging.getLogger("jax_ar")
 _level = os.environ.get("JAX_AR_LOG", "").strip().upper()
-if _level:
-    _number = logging.getLevelName(_level)
-    logger.setLevel(_number if isinstance(_number, int) else logging.INFO)
+_number = logging.getLevelName(_level) if _level else None
+if _level and not isinstance(_number, int):
+    # Not an error: the variable only tunes what is said, and a typo must
+    # not stop `import jax_ar`. Said on stderr (logging's last resort).
+    logger.warning("jax_ar: JAX_AR_LOG=%r is not a log level (debug, info, warning, error, "
+                   "critical); ignored", os.environ["JAX_AR_LOG"])
+elif _level:
+    logger.setLevel(_number)
     if not logger.handlers:
         _handler = logging.StreamHandler()
         _handler.setFormatter(logging.Formatter("[jax_ar %(levelname)s] %(message)s"))

@@ -5,6 +5,8 @@ traces real all_reduce calls in one process with CPU devices.
 """
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -310,6 +312,18 @@ def test_overrides_and_logging():
     if ON_GPU:
         pytest.skip("the tracing checks run on CPU devices")
     run_ranks("selection_auto.py", processes=1, devices_per_process=2, timeout_s=300)
+
+
+@pytest.mark.parametrize("value,level,said", [("info", 20, ""), ("Error", 40, ""),
+                                                ("bogus", 0, "is not a log level")])
+def test_log_level_from_the_environment(value, level, said):
+    """JAX_AR_LOG sets the "jax_ar" logger's level; a value that is no level
+    is said on stderr and changes nothing (import jax_ar still works)."""
+    probe = "import jax_ar; print(jax_ar.config.logger.level)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=dict(os.environ, JAX_AR_LOG=value), timeout=120, check=True)
+    assert done.stdout.split() == [str(level)], done
+    assert said in done.stderr and (said or "JAX_AR_LOG" not in done.stderr), done.stderr
 
 
 @pytest.mark.parametrize("world,picks", [

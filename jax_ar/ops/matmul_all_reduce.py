@@ -42,7 +42,7 @@ from ..comm.communicator import describe_groups, find_communicator, mesh_groups
 from . import _call_order
 from ._axes import REDUCE_DTYPES
 from .all_reduce import run_all_reduce
-from .plan import not_serving, plan_all_reduce, plan_one_axis
+from .plan import COMM_TODO, not_serving, plan_all_reduce, plan_one_axis
 
 __all__ = ["check_result_dtype", "local_matmul_all_reduce", "matmul_all_reduce_p"]
 
@@ -123,7 +123,7 @@ def _communicator(mesh, axis):
                                    f"{describe_groups(groups)} of axis {axis!r}",
                                    f"call jax_ar.setup(mesh, {axis!r}) before tracing")
     why = not_serving(comm)
-    return (None, config.Reason(why, "jax_ar.setup logged why")) if why else (comm, None)
+    return (None, config.Reason(why, COMM_TODO)) if why else (comm, None)
 
 
 def _specs(axis, x_shape):

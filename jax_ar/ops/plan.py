@@ -38,7 +38,7 @@ from ._axes import (GATHER_DTYPES, REDUCE_DTYPES, Axes, communicator_for, inner_
                     unknown_devices_reason)
 from .rms_norm import fused_refuses, module_serves, pair_refuses
 
-__all__ = ["CONSTANT", "KERNEL", "LAX", "LAX_NAMES", "LOCAL", "MULTI_AXIS", "NormPlan", "Plan",
+__all__ = ["COMM_TODO", "CONSTANT", "KERNEL", "LAX", "LAX_NAMES", "LOCAL", "MULTI_AXIS", "NormPlan", "Plan",
            "Step", "as_array", "not_serving", "operand_dtype", "plan_all_reduce", "plan_leaf",
            "plan_norm", "plan_one_axis"]
 
@@ -219,7 +219,7 @@ def _plan_multi_axis(what, axes, specs, op, algorithm) -> list:
         return constant
     inner, comm, why_not = inner_axis(axes, what)
     if comm is None:
-        reason = _unknown_devices(axes) if why_not is None else Reason(why_not, _COMM_TODO)
+        reason = _unknown_devices(axes) if why_not is None else Reason(why_not, COMM_TODO)
         return constant + [Step(LAX, rest, op, axes, reason=reason)]
     if algorithm == "psum":
         return constant + [Step(LAX, rest, op, axes, reason=_PSUM_ASKED)]
@@ -354,8 +354,9 @@ def plan_norm(what, kinds: Axes, x, residual, extras: bool, quantize: bool, algo
 # ----------------------------------------------------------------------------
 # Small facts the plans are made of.
 
-_COMM_TODO = ("jax_ar.setup logged why it chose psum; docs/guarantees.md lists what jax_ar "
-              "serves")
+# What to do about a communicator whose setup chose psum (the reason says
+# why: the setup's own words).
+COMM_TODO = "docs/guarantees.md lists what jax_ar serves"
 _REBUILD = "rebuild jax_ar (pip install .) with the module of this platform"
 _NOT_TRACED = Reason("a value that is not traced: nothing is exchanged", slower=False)
 _EMPTY = Reason("an empty array: nothing is exchanged", slower=False)
@@ -375,7 +376,7 @@ def not_serving(comm) -> str | None:
 
 def _not_serving_reason(comm) -> Reason | None:
     why = not_serving(comm) if comm is not None else None
-    return Reason(why, _COMM_TODO) if why else None
+    return Reason(why, COMM_TODO) if why else None
 
 
 def _unknown_devices(axis) -> Reason:
