@@ -61,6 +61,19 @@ def test_command_line_exit_code_and_prefixed_output():
     assert "rank 0 failed (exit code 3)" in proc.stderr
 
 
+def test_exit_code_of_a_failed_rank_the_launcher_had_to_kill():
+    """Rank 1 exits 3 while rank 0 sleeps on: jax.distributed's shutdown
+    holds rank 1 until the launcher kills it (SIGKILL), yet the launcher
+    exits with the code rank 1 was ending with, the one its summary names."""
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--platform",
+                           "cpu", "--grace", "1", PROBE, "fail_others_loop", "1"],
+                          capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("jax_ar launch: rank 1 failed (exit code 3); rank 0 still running after "
+                    "that, killed"), proc.stderr
+    assert proc.returncode == 3, proc.stderr
+
+
 def test_collectives_chatter_and_exit_noise_are_dropped_but_logged(tmp_path):
     result = launch(PROBE, ["noise", "-1"], num_processes=2, platform="cpu", timeout_s=120,
                     stream=False, log_dir=str(tmp_path))

@@ -48,8 +48,11 @@ NOISE_DETAIL = re.compile(
 
 class LaunchResult:
     def __init__(self, returncodes, logs, timed_out, failures=(), stopped=(), signal_=None,
-                 killed_after_signal=()):
+                 killed_after_signal=(), exiting_with=None):
         self.returncodes = returncodes  # per rank; None if killed at the deadline
+        # Failed ranks the launcher killed while they were exiting (held in
+        # jax.distributed's shutdown) -> the exit status each was ending with.
+        self.exiting_with = dict(exiting_with or {})
         self.logs = logs  # per rank: what it printed (less NOISE)
         self.timed_out = timed_out
         # (rank, what happened), in the order the failures happened; the first
@@ -72,7 +75,8 @@ class LaunchResult:
     def exit_code(self) -> int:
         """What `python -m jax_ar launch` exits with: 0; 128 + the signal's
         number when one stopped the job; 124 at the deadline; else the first
-        failed rank's exit code (1 if it has none)."""
+        failed rank's exit code, the one its failure names (1 if it has
+        none)."""
         if self.signal is not None:
             return 128 + self.signal
         if self.ok:
@@ -80,7 +84,8 @@ class LaunchResult:
         if self.timed_out:
             return 124
         first = self.first_failed_rank
-        rc = self.returncodes[first] if first is not None else None
+        rc = _exit_code_of(first, self.returncodes[first], self.exiting_with) \
+            if first is not None else None
         return rc if rc is not None and rc > 0 else 1
 
     def summary(self) -> str:
@@ -103,6 +108,14 @@ class LaunchResult:
         return "; ".join(parts) or "failed"
 
 
+def _exit_code_of(rank, returncode, exiting_with) -> int | None:
+    """The rank's exit code: its process's own, or, when the launcher killed
+    it while it was exiting, the one it was ending with."""
+    if returncode is not None and returncode >= 0:
+        return returncode
+    return exiting_with.get(rank)
+
+
 def _ranks(ranks) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
@@ -121,6 +134,7 @@ class Watch:
         self.failed_at = {}  # failed rank -> when it failed (time.time())
         self.exited_at = {}  # rank -> when its process ended (time.time())
         self.reported = {}  # rank -> the error it reported ("Type: message")
+        self.reported_exit = {}  # rank -> the exit status it reported it was ending with
         self.stopped = []  # ranks killed because they still ran after a failure
         self.ended_by_launcher = False  # the launcher killed what was left
         self.timed_out = False
@@ -210,8 +224,9 @@ def _collect_failures(procs, status_dir, watch):
         if os.path.exists(path):
             try:
                 with open(path) as f:
-                    stamp, _, text = f.read().strip().partition(" ")
+                    stamp, exit_status, text = f.read().strip().split(" ", 2)
                 when = float(stamp)
+                watch.reported_exit[rank] = int(exit_status)
             except (OSError, ValueError):
                 text, when = "an error", time.time()
             watch.reported[rank] = text
@@ -231,21 +246,17 @@ def _collect_failures(procs, status_dir, watch):
             watch.failed_at[rank] = when
 
 
-def _describe_failure(rank, rc, watch) -> str:
+def _describe_failure(rank, rc, watch, exiting_with) -> str:
     """'raised ValueError: ..., exit code 1', 'exit code 3', 'killed by SIGKILL'."""
     parts = []
     reported = watch.reported.get(rank, "")
     if reported and not reported.startswith("SystemExit"):
         parts.append(f"raised {reported}")
-    if rc is not None and rc > 0:
-        parts.append(f"exit code {rc}")
-    elif reported.startswith("SystemExit: "):  # sys.exit(N), then held in the shutdown
-        parts.append(f"exit code {reported[len('SystemExit: '):]}")
+    code = _exit_code_of(rank, rc, exiting_with)
+    if code is not None and code > 0:
+        parts.append(f"exit code {code}")
     elif rc is not None and rc < 0:
-        if rank in watch.reported and watch.ended_by_launcher:
-            parts.append("stopped while exiting")
-        else:
-            parts.append(f"killed by {_signal_name(-rc)}")
+        parts.append(f"killed by {_signal_name(-rc)}")
     return ", ".join(parts) or "failed"
 
 
@@ -321,6 +332,13 @@ def result_of(procs, threads, logs, watch, num_processes) -> LaunchResult:
             i not in watch.failed_at
         returncodes.append(None if killed_at_deadline else rc)
     returncodes += [None] * (num_processes - len(procs))  # never started (a signal came)
-    failures = [(r, _describe_failure(r, returncodes[r], watch)) for r in watch.order]
+    # A failed rank the launcher killed was held in jax.distributed's
+    # shutdown: its exit code is the one it reported it was ending with.
+    exiting_with = {r: watch.reported_exit[r] for r in watch.order
+                    if r in watch.reported_exit and watch.ended_by_launcher
+                    and returncodes[r] is not None and returncodes[r] < 0}
+    failures = [(r, _describe_failure(r, returncodes[r], watch, exiting_with))
+                for r in watch.order]
     return LaunchResult(returncodes, ["".join(lines) for lines in logs], watch.timed_out,
-                        failures, watch.stopped, watch.signal, watch.killed_after_signal)
+                        failures, watch.stopped, watch.signal, watch.killed_after_signal,
+                        exiting_with)
