@@ -99,6 +99,35 @@ def test_module_runs_like_python_dash_m():
     assert missing.returncode == 2 and "no module named 'no_such_module'" in missing.stderr
 
 
+@pytest.mark.parametrize("options,error,arguments", [
+    (["-n", "0"], "-n must be at least 1, got 0", {"num_processes": 0}),
+    (["--cpu-devices", "0"], "--cpu-devices must be at least 1, got 0", {"cpu_devices": 0}),
+    (["--cpu-devices", "-1"], "--cpu-devices must be at least 1, got -1", {"cpu_devices": -1}),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0",
+     {"timeout_s": 0}),
+    (["--timeout", "-5"], "--timeout must be a positive number of seconds, got -5",
+     {"timeout_s": -5}),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan",
+     {"timeout_s": float("nan")}),
+    (["--grace", "-1"], "--grace must be 0 or a positive number of seconds, got -1",
+     {"grace_s": -1}),
+    (["--grace", "nan"], "--grace must be 0 or a positive number of seconds, got nan",
+     {"grace_s": float("nan")}),
+    (["--platform", "gpu"], "--platform gpu, but nvidia-smi lists no GPU", {"platform": "gpu"}),
+])
+def test_bad_options_are_usage_errors(options, error, arguments):
+    if options[0] == "--platform" and launch_module.gpu_count() > 0:
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", *options, PROBE, "ok", "-1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"python -m jax_ar launch: error: {error}"
+    assert "Traceback" not in proc.stderr and not proc.stdout  # no rank started
+    with pytest.raises(ValueError) as raised:  # launch() refuses them too
+        launch(PROBE, ["ok", "-1"], stream=False, **arguments)
+    assert str(raised.value) == error
+
+
 def test_a_rank_killed_from_outside_is_the_first_to_fail(monkeypatch):
     """Rank 1 is SIGKILLed while rank 0 waits for it in an all_reduce, whose
     error rank 0 reports milliseconds later. With the launcher looking only

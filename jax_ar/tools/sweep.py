@@ -132,13 +132,9 @@ def size_list(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
 
 
 def resolve_platform(platform: str) -> tuple[str, int]:
-    """("cpu" | "gpu", number of GPUs) for --platform auto|cpu|gpu."""
-    gpus = launch.gpu_count()
-    if platform == "auto":
-        platform = "gpu" if gpus > 0 and os.environ.get("JAX_PLATFORMS", "") != "cpu" else "cpu"
-    if platform == "gpu" and gpus == 0:
-        raise SweepError("--platform gpu, but nvidia-smi lists no GPU")
-    return platform, gpus
+    """("cpu" | "gpu", number of GPUs) for --platform auto|cpu|gpu, as the
+    launcher resolves it; ValueError for gpu where there is none."""
+    return launch.resolve_platform(platform, os.environ)
 
 
 def shared_gpu_reason(platform: str, ranks: int, gpus: int) -> str | None:
