@@ -157,12 +157,56 @@ def _assert_aligned(table: str):
     (["-n", "0"], "--iters must be at least 1"),
     (["-c", "2"], "invalid choice: 2"),
     (["--repeats", "0"], "--repeats must be at least 1"),
+    (["-o", "rms_norm", "--hidden", "0", "-b", "1K", "-e", "1K"],
+     "--hidden must be at least 1, got 0"),
+    (["-o", "rms_norm", "--hidden", "-5"], "--hidden must be at least 1, got -5"),
+    (["-o", "rms_norm", "--eps", "nan"], "--eps: eps must be positive and finite, got nan"),
+    (["-o", "rms_norm", "--eps", "1e-45"], "below float32's smallest normal number"),
+    (["--min-sample-ms", "nan"], "--min-sample-ms must be at least 0 and finite, got nan"),
+    (["--min-sample-ms", "-1"], "--min-sample-ms must be at least 0 and finite, got -1"),
+    (["--launches", "0"], "--launches must be at least 1, got 0"),
+    (["-w", "-1"], "--warmup must be at least 0, got -1"),
+    (["--workspace-bytes", "10"],
+     "--workspace-bytes must be between 1M and 1024G (jax_ar.setup's limits), got 10"),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
+    (["--seed", "-1"], "--seed must be at least 0, got -1"),
 ])
 def test_bench_rejects_bad_options(args, message, capsys):
     from jax_ar.tools import bench
 
     with pytest.raises(SystemExit) as info:
         bench.main(["--platform", "cpu", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_limits_of_options_are_the_library_s():
+    """--workspace-bytes takes exactly what jax_ar.setup takes."""
+    from jax_ar.comm import communicator
+    from jax_ar.tools import bench, sweep as _sweep
+
+    def plan(*args):
+        return bench.plan(bench.build_parser().parse_args(["-e", "1K", *args]), "cpu", 0)
+
+    for size in (communicator.MIN_WORKSPACE_BYTES, communicator.MAX_WORKSPACE_BYTES):
+        assert plan("--workspace-bytes", _sweep.format_size(size))["workspace_bytes"] == size
+    for size in (communicator.MIN_WORKSPACE_BYTES - 1, communicator.MAX_WORKSPACE_BYTES + 1):
+        with pytest.raises(ValueError, match="jax_ar.setup's limits"):
+            plan("--workspace-bytes", str(size))
+    assert plan("--min-sample-ms", "0")["min_sample_s"] == 0  # no least sample time
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--min-sample-ms", "nan"], "--min-sample-ms must be at least 0 and finite, got nan"),
+    (["--workspace-bytes", "10"], "--workspace-bytes must be between 1M and 1024G"),
+    (["--timeout", "-1"], "--timeout must be a positive number of seconds, got -1"),
+    (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+])
+def test_tune_rejects_bad_options(args, message, capsys):
+    from jax_ar.tools import tune
+
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--platform", "cpu", *args])
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 

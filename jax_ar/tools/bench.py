@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 
+from .._norms import _check_eps as check_eps
 from . import sweep
 from .auto_marks import auto_rows, label_of
 from .bench_data import DTYPES
@@ -106,6 +107,9 @@ def plan(ns, platform: str, gpus: int) -> dict:
         bad = [d for d in dtypes if d == "int32"]
         if bad:
             raise ValueError("--op rms_norm needs floating-point dtypes")
+        if ns.hidden < 1:
+            raise ValueError(f"--hidden must be at least 1, got {ns.hidden}")
+        check_eps("--eps", ns.eps)  # what all_reduce_rms_norm would raise in every rank
     else:
         ops = _split(ns.op, OPS, "op")
         algorithms = _split(ns.algorithms or "oneshot,twoshot,psum", ALL_REDUCE_ALGORITHMS,
@@ -137,6 +141,8 @@ def plan(ns, platform: str, gpus: int) -> dict:
                     cases.append(dict(case, algorithm=algorithm))
     if not cases:
         raise ValueError("no message size holds a single element of the chosen dtypes")
+    if ns.seed < 0:  # numpy's generators take none
+        raise ValueError(f"--seed must be at least 0, got {ns.seed}")
     return dict(sweep.common_config(ns, platform), ranks=ranks, cases=cases,
                 unavailable=unavailable, eps=ns.eps, seed=ns.seed, check=bool(ns.check))
 

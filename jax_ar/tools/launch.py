@@ -82,10 +82,15 @@ def check_arguments(num_processes, cpu_devices, timeout_s, grace_s) -> None:
         raise ValueError(f"-n must be at least 1, got {num_processes}")
     if cpu_devices is not None and cpu_devices < 1:
         raise ValueError(f"--cpu-devices must be at least 1, got {cpu_devices}")
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
+    check_timeout(timeout_s)
     if grace_s is not None and not (math.isfinite(grace_s) and grace_s >= 0):
         raise ValueError(f"--grace must be 0 or a positive number of seconds, got {grace_s:g}")
+
+
+def check_timeout(timeout_s) -> None:
+    """ValueError unless `timeout_s` is a deadline: positive and finite."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
 
 
 def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="auto",
