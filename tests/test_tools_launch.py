@@ -27,8 +27,15 @@ def test_all_ranks_join_and_succeed():
     result = launch(PROBE, ["ok", "-1"], num_processes=3, cpu_devices=2, platform="cpu",
                     timeout_s=120, stream=False)
     assert result.ok, result.summary()
+    assert result.summary() == "all 3 ranks succeeded"
     for rank, log in enumerate(result.logs):
         assert f"rank {rank} of 3 with 2 devices" in log
+
+
+def test_one_rank_that_succeeds_is_summed_up_in_the_singular():
+    result = launch(PROBE, ["ok", "-1"], num_processes=1, platform="cpu", timeout_s=120,
+                    stream=False)
+    assert result.ok and result.summary() == "the rank succeeded", result.summary()
 
 
 def test_failing_rank_is_named_and_others_are_stopped():

@@ -90,7 +90,8 @@ class LaunchResult:
 
     def summary(self) -> str:
         if self.ok:
-            return f"all {len(self.returncodes)} ranks succeeded"
+            count = len(self.returncodes)
+            return "the rank succeeded" if count == 1 else f"all {count} ranks succeeded"
         parts = [f"rank {rank} failed ({what})" for rank, what in self.failures]
         if len(parts) > 1:
             parts[0] += ", the first to fail"
