@@ -151,6 +151,11 @@ def _assert_aligned(table: str):
 @pytest.mark.parametrize("args,message", [
     (["-d", "float64"], "--dtype: float64"),
     (["-a", "nccl"], "--algorithms: nccl"),
+    (["-d", ""], "--dtype: give one or more of float32, bfloat16"),
+    (["-a", ""], "--algorithms: give one or more of oneshot, twoshot"),
+    (["-a", " , "], "--algorithms: give one or more of oneshot, twoshot"),
+    (["-o", "rms_norm", "-a", ""], "--algorithms: give one or more of fused, "),
+    (["-o", ","], "--op: give one or more of sum, avg"),
     (["-b", "1K", "-e", "512"], "min-bytes <= max-bytes"),
     (["-b", "lots"], "not a size"),
     (["-N", "1"], "at least 2"),

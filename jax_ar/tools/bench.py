@@ -84,9 +84,11 @@ def new_out_dir(root: str = "bench_results") -> str:
 
 def _split(text: str, allowed, what: str) -> list[str]:
     items = list(allowed) if text == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"--{what}: give one or more of {', '.join(allowed)}")
     bad = [t for t in items if t not in allowed]
-    if bad or not items:
-        raise ValueError(f"--{what}: {', '.join(bad) or 'nothing'} not in {', '.join(allowed)}")
+    if bad:
+        raise ValueError(f"--{what}: {', '.join(bad)} not in {', '.join(allowed)}")
     return items
 
 
@@ -100,7 +102,7 @@ def plan(ns, platform: str, gpus: int) -> dict:
     rms_norm = ns.op == "rms_norm"
     if rms_norm:
         ops = ["rms_norm"]
-        if ns.algorithms:
+        if ns.algorithms is not None:  # -a '' is an error, not the default
             algorithms = _split(ns.algorithms, RMS_NORM_VARIANTS, "algorithms")
         else:
             algorithms = list(RMS_NORM_VARIANTS)
@@ -112,8 +114,8 @@ def plan(ns, platform: str, gpus: int) -> dict:
         check_eps("--eps", ns.eps)  # what all_reduce_rms_norm would raise in every rank
     else:
         ops = _split(ns.op, OPS, "op")
-        algorithms = _split(ns.algorithms or "oneshot,twoshot,psum", ALL_REDUCE_ALGORITHMS,
-                            "algorithms")
+        algorithms = _split("oneshot,twoshot,psum" if ns.algorithms is None else ns.algorithms,
+                            ALL_REDUCE_ALGORITHMS, "algorithms")
         if ns.xla_oneshot and "xla_oneshot" not in algorithms:
             algorithms.append("xla_oneshot")
     unavailable = {}
