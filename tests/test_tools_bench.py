@@ -233,6 +233,18 @@ def test_tune_writes_a_table_later_runs_accept(tmp_path):
         assert path_name not in doc["notes"], doc["notes"]
 
 
+def test_tune_below_one_norm_row_says_so_instead_of_an_empty_table(tmp_path):
+    """Messages of 1K and 2K hold no row of the norm paths (4096 bfloat16):
+    one line says nothing was measured there, and the kernels' table follows."""
+    proc = run_cli("tune", *PLATFORM, "-N", "2", "-b", "1K", "-e", "2K", "--repeats", "2",
+                   "--min-sample-ms", "1", "--out", str(tmp_path / "table.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("# all_reduce_rms_norm (bfloat16, hidden 4096), whole calls: none measured (a "
+            "call takes at least one row of 8KB)") in proc.stdout.splitlines(), proc.stdout
+    assert "fused_oneshot us" not in proc.stdout  # no header of an empty table
+    assert re.search(r"^\s+1024\s", proc.stdout, re.M), proc.stdout  # the kernels' rows
+
+
 def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):
     """What the GPU machine's run gets (2 ranks on 1 GPU): psum is reported
     as unavailable, not attempted; a missing MPS daemon is warned about."""
