@@ -125,6 +125,7 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
     assert {r["algorithm"] for r in results} == {"fused", "all_reduce+rms_norm", "psum+norm",
                                                  "auto"}
     assert all(r["wrong"] == 0 for r in results), results
+    assert not any("kernel" in r for r in results), results  # each ran what it names
     # What auto runs is marked at every size, and the table stays aligned
     # ("all_reduce+rms_norm*" is the widest label).
     rows = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
@@ -134,6 +135,26 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
         pick = doc["selection"]["picks"][f"bfloat16 {size}"]
         assert pick in ("fused", "all_reduce+rms_norm", "psum+norm", "auto"), pick
         assert starred[0].split()[4] == pick + "*", proc.stdout
+    _assert_aligned(proc.stdout)
+
+
+def test_bench_rms_norm_rows_say_what_ran_below_the_fused_kernel_s_hidden_sizes(tmp_path):
+    """Rows of a hidden size the fused kernel does not take: all_reduce_rms_norm
+    runs jax_ar.all_reduce and then XLA's norm, and the "fused" row says so."""
+    from jax_ar import _native
+
+    hidden = _native.limits("gpu" if ON_GPU else "cpu")["fused_min_hidden"] // 2
+    proc = run_cli("bench", *PLATFORM, "-N", "2", "--op", "rms_norm", "-b", "1K", "-e", "1K",
+                   "--hidden", str(hidden), "-a", "fused,all_reduce+rms_norm", "--repeats", "2",
+                   "--min-sample-ms", "1", "--no-plot", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["algorithm"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
+    assert rows["fused"]["hidden"] == hidden and rows["fused"]["kernel"] == "all_reduce+norm"
+    assert "kernel" not in rows["all_reduce+rms_norm"]  # ran what it names
+    labels = [line.split()[4] for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert labels == ["all_reduce+norm", "all_reduce+rms_norm"], proc.stdout
+    assert ("# all_reduce+norm (jax_ar.all_reduce, then XLA's norm): rows of fused, which the "
+            "library runs that way for these messages") in proc.stdout.splitlines()
     _assert_aligned(proc.stdout)
 
 

@@ -27,6 +27,10 @@ ALL_REDUCE_ALGORITHMS = ("oneshot", "twoshot", "psum", "auto", "xla_oneshot")
 # the pair jax_ar.all_reduce + jax_ar.rms_norm, psum + XLA's norm (the
 # baseline), and what algorithm="auto" runs (bench_rank._rms_norm_step).
 RMS_NORM_VARIANTS = ("fused", "all_reduce+rms_norm", "psum+norm", "auto")
+# A path no variant asks for, which a row names where the library took it
+# instead (bench_rank._norm_path): below the fused kernel's smallest hidden
+# size, "fused" runs jax_ar.all_reduce and then XLA's norm.
+OTHER_NORM_PATHS = {"all_reduce+norm": "jax_ar.all_reduce, then XLA's norm"}
 OPS = ("sum", "avg", "max", "min")
 
 MAX_BYTES = {"cpu": "1M", "gpu": "256M"}  # CPU: the default run takes well under a minute
@@ -203,6 +207,7 @@ def format_table(doc: dict) -> str:
         f"# {'size':>10} {'count':>10} {'type':>9} {'op':>8} {'algorithm':>{width}} "
         f"{'time_us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7} {'vs_psum':>8}",
     ]
+    lines[-2:-2] = _other_path_notes(results)  # before the blank line above the header
     previous = None
     for i, r in enumerate(results):
         group = (r["dtype"], r["op"], r["bytes"])
@@ -233,6 +238,18 @@ def format_table(doc: dict) -> str:
         lines.append(f"# WARNING: noisy timings (spread above {sweep.NOISY_SPREAD:.0%}): the "
                      "machine is busy; compare with care")
     return "\n".join(lines)
+
+
+def _other_path_notes(results: list[dict]) -> list[str]:
+    """A line for each rms_norm variant whose rows ran another path (they
+    are named after what ran, the variant stays in the JSON's algorithm)."""
+    notes = []
+    for asked, ran in dict.fromkeys((r["algorithm"], r["kernel"]) for r in results
+                                    if r["op"] == "rms_norm" and r.get("kernel")):
+        what = f" ({OTHER_NORM_PATHS[ran]})" if ran in OTHER_NORM_PATHS else ""
+        notes.append(f"# {ran}{what}: rows of {asked}, which the library runs that way for "
+                     "these messages")
+    return notes
 
 
 def main(argv=None) -> int:
