@@ -86,8 +86,9 @@ def test_collectives_chatter_and_exit_noise_are_dropped_but_logged(tmp_path):
                     stream=False, log_dir=str(tmp_path))
     assert result.ok, result.summary()
     for rank, log in enumerate(result.logs):
-        assert "my own line" in log
-        for noise in ("[Gloo]", "WatchTasksAsync", "Check failure", "0x7f0000000000", "GRPC",
+        assert "my own line" in log and "\n7\n" in log
+        assert "1" not in log.splitlines(), log  # the number of a spliced report
+        for noise in ("[Gloo]", "peer ranks", "WatchTasksAsync", "Check failure", "0x7f0000000000", "GRPC",
                       "UNAVAILABLE", "Source Location", "grpc_util.h"):
             assert noise not in log, log
         assert "my last line" in log, log  # the first line after a gRPC message is kept

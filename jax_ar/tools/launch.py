@@ -3,10 +3,10 @@
 Each rank runs `script.py` (or, with -m, a module) as __main__ after
 jax.distributed.initialize() (see bootstrap.py), so the script needs no
 launcher-specific code. Output of every rank is streamed with a "[rank i]"
-prefix (without the collectives' connection chatter and the shutdown noise
-listed in relay.NOISE) and, with --log-dir, kept as printed in one file per
-rank. The launcher exits non-zero if any rank fails, naming it, and kills
-every rank still running at the deadline.
+prefix (without the collectives' connection chatter, relay.GlooReports, and
+the shutdown noise listed in relay.NOISE) and, with --log-dir, kept as
+printed in one file per rank. The launcher exits non-zero if any rank
+fails, naming it, and kills every rank still running at the deadline.
 
 When a rank fails, the others get a short grace period (see
 default_grace_s) to report their own errors, then the launcher dumps the

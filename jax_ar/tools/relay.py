@@ -21,21 +21,21 @@ import subprocess
 import sys
 import time
 
-__all__ = ["LaunchResult", "NOISE", "NOISE_DETAIL", "POLL_S", "STOP_GRACE_S", "Watch", "kill_all", "pump",
+__all__ = ["GlooReports", "LaunchResult", "NOISE", "NOISE_DETAIL", "POLL_S", "STOP_GRACE_S", "Watch", "kill_all", "pump",
            "reap", "result_of", "supervise"]
 
 STOP_GRACE_S = 3.0  # how long ranks may take to end after a forwarded signal
 POLL_S = 0.05  # how often the launcher looks at the ranks
 KILL_SLACK_S = 0.5  # see _collect_failures
 
-# Lines no user needs: gloo's report of each connection it made (psum on CPU),
-# and what gRPC and absl print when a process of jax.distributed goes away
-# while its peers still poll it (these come after the ranks' own errors or
-# results; the launcher's summary says how each rank ended). A rank that
-# succeeds prints none of the latter (bootstrap.py); failing ones may.
+# Lines no user needs: gloo's report of each connection it made (psum on CPU;
+# GlooReports), and what gRPC and absl print when a process of
+# jax.distributed goes away while its peers still poll it (these come after
+# the ranks' own errors or results; the launcher's summary says how each rank
+# ended). A rank that succeeds prints none of the latter (bootstrap.py);
+# failing ones may.
 NOISE = re.compile(
-    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks"
-    r"|WatchTasksAsync|WatchJobStateAsync|PollForError"
+    r"WatchTasksAsync|WatchJobStateAsync|PollForError"
     r"|Terminating process because the JAX distributed service"
     r"|^\*\*\* Check failure stack trace: \*\*\*"
     r"|^\s+@\s+0x[0-9a-f]+\s")
@@ -44,6 +44,39 @@ NOISE = re.compile(
 NOISE_DETAIL = re.compile(
     r"^(Additional GRPC error information from remote target|:[A-Z_]+:"
     r"|=== Source Location Trace: ===|\S+\.(cc|h):\d+$|$)")
+
+
+# The pieces gloo writes its report with, one write each:
+# "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected
+# peer ranks is : 1". Threads that report at once (a process with several
+# CPU devices) splice their pieces into lines such as "[Gloo] Rank 1 is
+# connected to 1 peer ranks. Expected number of connected peer ranks is :
+# [Gloo] Rank 1 is connected to 11" and " peer ranks. Expected number of
+# connected peer ranks is : 1".
+GLOO_TEXT = re.compile(r"\[Gloo\] Rank | is connected to | peer ranks\. "
+                       r"|Expected number of connected peer ranks is : ")
+GLOO_PIECES = re.compile(rf"(?:{GLOO_TEXT.pattern}|\d+)+")
+GLOO_START = "[Gloo] Rank "
+
+
+class GlooReports:
+    """Tells the lines of one rank's output made of gloo's reports, whole or
+    spliced. Each line ends one report (its number, then the newline); a
+    line that begins two leaves one unfinished, whose number may come alone
+    on a later line: such a bare number is dropped only while a report is
+    unfinished (anywhere else it is the program's own output)."""
+
+    def __init__(self):
+        self.unfinished = 0
+
+    def drops(self, line: str) -> bool:
+        text = line.rstrip("\r\n")
+        if not GLOO_PIECES.fullmatch(text):
+            return False
+        if not GLOO_TEXT.search(text) and not self.unfinished:
+            return False  # a number of the program's own
+        self.unfinished = max(0, self.unfinished + text.count(GLOO_START) - 1)
+        return True
 
 
 class LaunchResult:
@@ -295,10 +328,13 @@ def reap(proc, rank, watch):
 
 def pump(proc, rank, sink, log_file, stream, lock):
     in_noise = False  # the last line kept out was NOISE: its details follow
+    gloo = GlooReports()
     for line in proc.stdout:
         if log_file:
             log_file.write(line)
             log_file.flush()
+        if gloo.drops(line):
+            continue
         if NOISE.search(line) or (in_noise and NOISE_DETAIL.match(line.strip())):
             in_noise = True
             continue
