@@ -125,6 +125,7 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
     assert {r["algorithm"] for r in results} == {"fused", "all_reduce+rms_norm", "psum+norm",
                                                  "auto"}
     assert all(r["wrong"] == 0 for r in results), results
+    assert not any("kernel" in r for r in results), results  # each ran what it names
     # What auto runs is marked at every size, and the table stays aligned
     # ("all_reduce+rms_norm*" is the widest label).
     rows = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
@@ -134,6 +135,26 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
         pick = doc["selection"]["picks"][f"bfloat16 {size}"]
         assert pick in ("fused", "all_reduce+rms_norm", "psum+norm", "auto"), pick
         assert starred[0].split()[4] == pick + "*", proc.stdout
+    _assert_aligned(proc.stdout)
+
+
+def test_bench_rms_norm_rows_say_what_ran_below_the_fused_kernel_s_hidden_sizes(tmp_path):
+    """Rows of a hidden size the fused kernel does not take: all_reduce_rms_norm
+    runs jax_ar.all_reduce and then XLA's norm, and the "fused" row says so."""
+    from jax_ar import _native
+
+    hidden = _native.limits("gpu" if ON_GPU else "cpu")["fused_min_hidden"] // 2
+    proc = run_cli("bench", *PLATFORM, "-N", "2", "--op", "rms_norm", "-b", "1K", "-e", "1K",
+                   "--hidden", str(hidden), "-a", "fused,all_reduce+rms_norm", "--repeats", "2",
+                   "--min-sample-ms", "1", "--no-plot", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["algorithm"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
+    assert rows["fused"]["hidden"] == hidden and rows["fused"]["kernel"] == "all_reduce+norm"
+    assert "kernel" not in rows["all_reduce+rms_norm"]  # ran what it names
+    labels = [line.split()[4] for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert labels == ["all_reduce+norm", "all_reduce+rms_norm"], proc.stdout
+    assert ("# all_reduce+norm (jax_ar.all_reduce, then XLA's norm): rows of fused, which the "
+            "library runs that way for these messages") in proc.stdout.splitlines()
     _assert_aligned(proc.stdout)
 
 
@@ -151,18 +172,67 @@ def _assert_aligned(table: str):
 @pytest.mark.parametrize("args,message", [
     (["-d", "float64"], "--dtype: float64"),
     (["-a", "nccl"], "--algorithms: nccl"),
+    (["-d", ""], "--dtype: give one or more of float32, bfloat16"),
+    (["-a", ""], "--algorithms: give one or more of oneshot, twoshot"),
+    (["-a", " , "], "--algorithms: give one or more of oneshot, twoshot"),
+    (["-o", "rms_norm", "-a", ""], "--algorithms: give one or more of fused, "),
+    (["-o", ","], "--op: give one or more of sum, avg"),
     (["-b", "1K", "-e", "512"], "min-bytes <= max-bytes"),
     (["-b", "lots"], "not a size"),
     (["-N", "1"], "at least 2"),
     (["-n", "0"], "--iters must be at least 1"),
     (["-c", "2"], "invalid choice: 2"),
     (["--repeats", "0"], "--repeats must be at least 1"),
+    (["-o", "rms_norm", "--hidden", "0", "-b", "1K", "-e", "1K"],
+     "--hidden must be at least 1, got 0"),
+    (["-o", "rms_norm", "--hidden", "-5"], "--hidden must be at least 1, got -5"),
+    (["-o", "rms_norm", "--eps", "nan"], "--eps: eps must be positive and finite, got nan"),
+    (["-o", "rms_norm", "--eps", "1e-45"], "below float32's smallest normal number"),
+    (["--min-sample-ms", "nan"], "--min-sample-ms must be at least 0 and finite, got nan"),
+    (["--min-sample-ms", "-1"], "--min-sample-ms must be at least 0 and finite, got -1"),
+    (["--launches", "0"], "--launches must be at least 1, got 0"),
+    (["-w", "-1"], "--warmup must be at least 0, got -1"),
+    (["--workspace-bytes", "10"],
+     "--workspace-bytes must be between 1M and 1024G (jax_ar.setup's limits), got 10"),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
+    (["--seed", "-1"], "--seed must be at least 0, got -1"),
 ])
 def test_bench_rejects_bad_options(args, message, capsys):
     from jax_ar.tools import bench
 
     with pytest.raises(SystemExit) as info:
         bench.main(["--platform", "cpu", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_limits_of_options_are_the_library_s():
+    """--workspace-bytes takes exactly what jax_ar.setup takes."""
+    from jax_ar.comm import communicator
+    from jax_ar.tools import bench, sweep as _sweep
+
+    def plan(*args):
+        return bench.plan(bench.build_parser().parse_args(["-e", "1K", *args]), "cpu", 0)
+
+    for size in (communicator.MIN_WORKSPACE_BYTES, communicator.MAX_WORKSPACE_BYTES):
+        assert plan("--workspace-bytes", _sweep.format_size(size))["workspace_bytes"] == size
+    for size in (communicator.MIN_WORKSPACE_BYTES - 1, communicator.MAX_WORKSPACE_BYTES + 1):
+        with pytest.raises(ValueError, match="jax_ar.setup's limits"):
+            plan("--workspace-bytes", str(size))
+    assert plan("--min-sample-ms", "0")["min_sample_s"] == 0  # no least sample time
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--min-sample-ms", "nan"], "--min-sample-ms must be at least 0 and finite, got nan"),
+    (["--workspace-bytes", "10"], "--workspace-bytes must be between 1M and 1024G"),
+    (["--timeout", "-1"], "--timeout must be a positive number of seconds, got -1"),
+    (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+])
+def test_tune_rejects_bad_options(args, message, capsys):
+    from jax_ar.tools import tune
+
+    with pytest.raises(SystemExit) as info:
+        tune.main(["--platform", "cpu", *args])
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -182,6 +252,18 @@ def test_tune_writes_a_table_later_runs_accept(tmp_path):
     for path_name in _table.NORM_PATHS:
         assert sorted(b for b, _ in doc["measurements"][path_name]) == [8192, 16384], path_name
         assert path_name not in doc["notes"], doc["notes"]
+
+
+def test_tune_below_one_norm_row_says_so_instead_of_an_empty_table(tmp_path):
+    """Messages of 1K and 2K hold no row of the norm paths (4096 bfloat16):
+    one line says nothing was measured there, and the kernels' table follows."""
+    proc = run_cli("tune", *PLATFORM, "-N", "2", "-b", "1K", "-e", "2K", "--repeats", "2",
+                   "--min-sample-ms", "1", "--out", str(tmp_path / "table.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("# all_reduce_rms_norm (bfloat16, hidden 4096), whole calls: none measured (a "
+            "call takes at least one row of 8KB)") in proc.stdout.splitlines(), proc.stdout
+    assert "fused_oneshot us" not in proc.stdout  # no header of an empty table
+    assert re.search(r"^\s+1024\s", proc.stdout, re.M), proc.stdout  # the kernels' rows
 
 
 def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):

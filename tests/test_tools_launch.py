@@ -27,8 +27,15 @@ def test_all_ranks_join_and_succeed():
     result = launch(PROBE, ["ok", "-1"], num_processes=3, cpu_devices=2, platform="cpu",
                     timeout_s=120, stream=False)
     assert result.ok, result.summary()
+    assert result.summary() == "all 3 ranks succeeded"
     for rank, log in enumerate(result.logs):
         assert f"rank {rank} of 3 with 2 devices" in log
+
+
+def test_one_rank_that_succeeds_is_summed_up_in_the_singular():
+    result = launch(PROBE, ["ok", "-1"], num_processes=1, platform="cpu", timeout_s=120,
+                    stream=False)
+    assert result.ok and result.summary() == "the rank succeeded", result.summary()
 
 
 def test_failing_rank_is_named_and_others_are_stopped():
@@ -61,13 +68,27 @@ def test_command_line_exit_code_and_prefixed_output():
     assert "rank 0 failed (exit code 3)" in proc.stderr
 
 
+def test_exit_code_of_a_failed_rank_the_launcher_had_to_kill():
+    """Rank 1 exits 3 while rank 0 sleeps on: jax.distributed's shutdown
+    holds rank 1 until the launcher kills it (SIGKILL), yet the launcher
+    exits with the code rank 1 was ending with, the one its summary names."""
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--platform",
+                           "cpu", "--grace", "1", PROBE, "fail_others_loop", "1"],
+                          capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("jax_ar launch: rank 1 failed (exit code 3); rank 0 still running after "
+                    "that, killed"), proc.stderr
+    assert proc.returncode == 3, proc.stderr
+
+
 def test_collectives_chatter_and_exit_noise_are_dropped_but_logged(tmp_path):
     result = launch(PROBE, ["noise", "-1"], num_processes=2, platform="cpu", timeout_s=120,
                     stream=False, log_dir=str(tmp_path))
     assert result.ok, result.summary()
     for rank, log in enumerate(result.logs):
-        assert "my own line" in log
-        for noise in ("[Gloo]", "WatchTasksAsync", "Check failure", "0x7f0000000000", "GRPC",
+        assert "my own line" in log and "\n7\n" in log
+        assert "1" not in log.splitlines(), log  # the number of a spliced report
+        for noise in ("[Gloo]", "peer ranks", "WatchTasksAsync", "Check failure", "0x7f0000000000", "GRPC",
                       "UNAVAILABLE", "Source Location", "grpc_util.h"):
             assert noise not in log, log
         assert "my last line" in log, log  # the first line after a gRPC message is kept
@@ -84,6 +105,35 @@ def test_module_runs_like_python_dash_m():
     missing = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-m", "no_such_module"],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no module named 'no_such_module'" in missing.stderr
+
+
+@pytest.mark.parametrize("options,error,arguments", [
+    (["-n", "0"], "-n must be at least 1, got 0", {"num_processes": 0}),
+    (["--cpu-devices", "0"], "--cpu-devices must be at least 1, got 0", {"cpu_devices": 0}),
+    (["--cpu-devices", "-1"], "--cpu-devices must be at least 1, got -1", {"cpu_devices": -1}),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0",
+     {"timeout_s": 0}),
+    (["--timeout", "-5"], "--timeout must be a positive number of seconds, got -5",
+     {"timeout_s": -5}),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan",
+     {"timeout_s": float("nan")}),
+    (["--grace", "-1"], "--grace must be 0 or a positive number of seconds, got -1",
+     {"grace_s": -1}),
+    (["--grace", "nan"], "--grace must be 0 or a positive number of seconds, got nan",
+     {"grace_s": float("nan")}),
+    (["--platform", "gpu"], "--platform gpu, but nvidia-smi lists no GPU", {"platform": "gpu"}),
+])
+def test_bad_options_are_usage_errors(options, error, arguments):
+    if options[0] == "--platform" and launch_module.gpu_count() > 0:
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", *options, PROBE, "ok", "-1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"python -m jax_ar launch: error: {error}"
+    assert "Traceback" not in proc.stderr and not proc.stdout  # no rank started
+    with pytest.raises(ValueError) as raised:  # launch() refuses them too
+        launch(PROBE, ["ok", "-1"], stream=False, **arguments)
+    assert str(raised.value) == error
 
 
 def test_a_rank_killed_from_outside_is_the_first_to_fail(monkeypatch):

@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 
+from .._norms import _check_eps as check_eps
 from . import sweep
 from .auto_marks import auto_rows, label_of
 from .bench_data import DTYPES
@@ -26,6 +27,10 @@ ALL_REDUCE_ALGORITHMS = ("oneshot", "twoshot", "psum", "auto", "xla_oneshot")
 # the pair jax_ar.all_reduce + jax_ar.rms_norm, psum + XLA's norm (the
 # baseline), and what algorithm="auto" runs (bench_rank._rms_norm_step).
 RMS_NORM_VARIANTS = ("fused", "all_reduce+rms_norm", "psum+norm", "auto")
+# A path no variant asks for, which a row names where the library took it
+# instead (bench_rank._norm_path): below the fused kernel's smallest hidden
+# size, "fused" runs jax_ar.all_reduce and then XLA's norm.
+OTHER_NORM_PATHS = {"all_reduce+norm": "jax_ar.all_reduce, then XLA's norm"}
 OPS = ("sum", "avg", "max", "min")
 
 MAX_BYTES = {"cpu": "1M", "gpu": "256M"}  # CPU: the default run takes well under a minute
@@ -83,9 +88,11 @@ def new_out_dir(root: str = "bench_results") -> str:
 
 def _split(text: str, allowed, what: str) -> list[str]:
     items = list(allowed) if text == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"--{what}: give one or more of {', '.join(allowed)}")
     bad = [t for t in items if t not in allowed]
-    if bad or not items:
-        raise ValueError(f"--{what}: {', '.join(bad) or 'nothing'} not in {', '.join(allowed)}")
+    if bad:
+        raise ValueError(f"--{what}: {', '.join(bad)} not in {', '.join(allowed)}")
     return items
 
 
@@ -99,17 +106,20 @@ def plan(ns, platform: str, gpus: int) -> dict:
     rms_norm = ns.op == "rms_norm"
     if rms_norm:
         ops = ["rms_norm"]
-        if ns.algorithms:
+        if ns.algorithms is not None:  # -a '' is an error, not the default
             algorithms = _split(ns.algorithms, RMS_NORM_VARIANTS, "algorithms")
         else:
             algorithms = list(RMS_NORM_VARIANTS)
         bad = [d for d in dtypes if d == "int32"]
         if bad:
             raise ValueError("--op rms_norm needs floating-point dtypes")
+        if ns.hidden < 1:
+            raise ValueError(f"--hidden must be at least 1, got {ns.hidden}")
+        check_eps("--eps", ns.eps)  # what all_reduce_rms_norm would raise in every rank
     else:
         ops = _split(ns.op, OPS, "op")
-        algorithms = _split(ns.algorithms or "oneshot,twoshot,psum", ALL_REDUCE_ALGORITHMS,
-                            "algorithms")
+        algorithms = _split("oneshot,twoshot,psum" if ns.algorithms is None else ns.algorithms,
+                            ALL_REDUCE_ALGORITHMS, "algorithms")
         if ns.xla_oneshot and "xla_oneshot" not in algorithms:
             algorithms.append("xla_oneshot")
     unavailable = {}
@@ -137,6 +147,8 @@ def plan(ns, platform: str, gpus: int) -> dict:
                     cases.append(dict(case, algorithm=algorithm))
     if not cases:
         raise ValueError("no message size holds a single element of the chosen dtypes")
+    if ns.seed < 0:  # numpy's generators take none
+        raise ValueError(f"--seed must be at least 0, got {ns.seed}")
     return dict(sweep.common_config(ns, platform), ranks=ranks, cases=cases,
                 unavailable=unavailable, eps=ns.eps, seed=ns.seed, check=bool(ns.check))
 
@@ -195,6 +207,7 @@ def format_table(doc: dict) -> str:
         f"# {'size':>10} {'count':>10} {'type':>9} {'op':>8} {'algorithm':>{width}} "
         f"{'time_us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7} {'vs_psum':>8}",
     ]
+    lines[-2:-2] = _other_path_notes(results)  # before the blank line above the header
     previous = None
     for i, r in enumerate(results):
         group = (r["dtype"], r["op"], r["bytes"])
@@ -225,6 +238,18 @@ def format_table(doc: dict) -> str:
         lines.append(f"# WARNING: noisy timings (spread above {sweep.NOISY_SPREAD:.0%}): the "
                      "machine is busy; compare with care")
     return "\n".join(lines)
+
+
+def _other_path_notes(results: list[dict]) -> list[str]:
+    """A line for each rms_norm variant whose rows ran another path (they
+    are named after what ran, the variant stays in the JSON's algorithm)."""
+    notes = []
+    for asked, ran in dict.fromkeys((r["algorithm"], r["kernel"]) for r in results
+                                    if r["op"] == "rms_norm" and r.get("kernel")):
+        what = f" ({OTHER_NORM_PATHS[ran]})" if ran in OTHER_NORM_PATHS else ""
+        notes.append(f"# {ran}{what}: rows of {asked}, which the library runs that way for "
+                     "these messages")
+    return notes
 
 
 def main(argv=None) -> int:

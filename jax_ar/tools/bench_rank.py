@@ -39,6 +39,10 @@ from jax_ar.tools.timing import (calibrate, chained, count_collectives, gather, 
 AXIS = "tp"
 _CUSTOM_CALL_TARGET = re.compile(r"custom_call @(jax_ar_\w+)")  # in lowered StableHLO
 XLA_ONESHOT_OPTION = "xla_gpu_unsupported_use_all_reduce_one_shot_kernel"
+# The path each rms_norm variant asks for (bench.RMS_NORM_VARIANTS and
+# tune's), as _norm_path names what a program runs; "auto" asks for none.
+NORM_VARIANT_PATH = {"fused": "fused", "fused_oneshot": "fused", "fused_twoshot": "fused",
+                     "all_reduce+rms_norm": "all_reduce+rms_norm", "psum+norm": "psum+norm"}
 
 
 def _global_input(mesh, shape_per_rank, make_rank_values):
@@ -119,6 +123,7 @@ class Runner:
         return step
 
     def _compile(self, program, args, algorithm, chain):
+        """(the compiled program, the jax_ar custom call targets it holds)."""
         lowered = program.lower(*args)
         if algorithm == "xla_oneshot":
             compiled = lowered.compile({XLA_ONESHOT_OPTION: True})
@@ -129,7 +134,7 @@ class Runner:
             raise RuntimeError(
                 f"jax_ar bench: XLA kept {found} of the {chain} chained collectives of "
                 f"{algorithm}; the timing would be wrong, so nothing was timed")
-        return compiled
+        return compiled, set(_CUSTOM_CALL_TARGET.findall(lowered.as_text()))
 
     # --- cases ----------------------------------------------------------------
     def run_group(self, cases):
@@ -176,7 +181,7 @@ class Runner:
                                                        _packed(result["bytes"]))
         program, args, chain, check = self._prepare(result)
         try:
-            compiled = self._compile(program, args, algorithm, chain)
+            compiled, targets = self._compile(program, args, algorithm, chain)
         except Exception as e:
             if algorithm not in ("psum", "xla_oneshot"):
                 raise
@@ -184,6 +189,12 @@ class Runner:
             # option, no collectives implementation): report, do not fail.
             result["status"] = f"n/a: {str(e).splitlines()[0][:160]}"
             return result, None
+        if case["op"] == "rms_norm" and algorithm in NORM_VARIANT_PATH:
+            ran = _norm_path(targets)
+            if ran != NORM_VARIANT_PATH[algorithm]:
+                # The library took another path (the fused kernel does not
+                # take rows of this hidden size, ...): the row says what ran.
+                result["kernel"] = ran
         run = lambda: compiled(*args)  # noqa: E731
         # Every rank must launch equally often: agree on the slowest rank's launch time.
         launch_s = max(gather(cfg["run_id"], f"calibrate/{case['index']}",
@@ -261,14 +272,8 @@ class Runner:
                  ((hidden,), P()))
         args = [jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, spec))
                 for shape, spec in specs]
-        targets = set(_CUSTOM_CALL_TARGET.findall(program.lower(*args).as_text()))
-        if "jax_ar_all_reduce_rms_norm" in targets:
-            return "fused"
-        if "jax_ar_all_reduce" in targets and targets & {"jax_ar_rms_norm", "jax_ar_add_rms_norm"}:
-            return "all_reduce+rms_norm"
-        if "jax_ar_all_reduce" not in targets:
-            return "psum+norm"
-        return "auto"
+        path = _norm_path(set(_CUSTOM_CALL_TARGET.findall(program.lower(*args).as_text())))
+        return "auto" if path == "all_reduce+norm" else path
 
     def machine(self):
         info = {
@@ -291,6 +296,21 @@ class Runner:
             "python": host_platform.python_version(),
         }
         return info
+
+
+def _norm_path(targets) -> str:
+    """What a program of all_reduce_rms_norm's paths runs, from the jax_ar
+    custom call targets it holds: "fused" (the fused kernel),
+    "all_reduce+rms_norm" (jax_ar's all-reduce, then its norm kernel),
+    "all_reduce+norm" (jax_ar's all-reduce, then XLA's norm) or "psum+norm"
+    (no jax_ar kernel)."""
+    if "jax_ar_all_reduce_rms_norm" in targets:
+        return "fused"
+    if "jax_ar_all_reduce" not in targets:
+        return "psum+norm"
+    if targets & {"jax_ar_rms_norm", "jax_ar_add_rms_norm"}:
+        return "all_reduce+rms_norm"
+    return "all_reduce+norm"
 
 
 def _same_message_groups(cases):

@@ -53,13 +53,15 @@ def initialize_from_env() -> None:
 
 
 def report_failure(error: BaseException, failed_at: float | None = None) -> None:
-    """Tells the launcher that this rank failed, and when. Needed because a
-    failed rank does not exit at once: jax.distributed's shutdown waits for
-    every other process, and the launcher must not wait for that to stop the
-    job."""
+    """Tells the launcher that this rank failed, when, and the exit status
+    it is ending with. Needed because a failed rank does not exit at once:
+    jax.distributed's shutdown waits for every other process, and the
+    launcher, which must not wait for that to stop the job, may have to kill
+    the rank before its exit status exists."""
     status_dir = os.environ.get("JAX_AR_LAUNCH_STATUS_DIR")
     if not status_dir:
         return
+    exit_status = _exit_status(error.code) if isinstance(error, SystemExit) else 1
     if isinstance(error, SystemExit) and error.__context__ is not None:
         error = error.__context__  # sys.exit(1) in an except block: report what was caught
     text = f"{type(error).__name__}: {error}".splitlines()[0][:500] if str(error) else \
@@ -67,10 +69,22 @@ def report_failure(error: BaseException, failed_at: float | None = None) -> None
     path = os.path.join(status_dir, f"rank{os.environ.get('JAX_AR_PROCESS_ID', '0')}.failed")
     try:
         with open(path + ".tmp", "w") as f:
-            f.write(f"{failed_at if failed_at is not None else time.time():.6f} {text}")
+            f.write(f"{failed_at if failed_at is not None else time.time():.6f} {exit_status} "
+                    f"{text}")
         os.replace(path + ".tmp", path)
     except OSError:
         pass
+
+
+def _exit_status(code) -> int:
+    """The status a process ending with SystemExit(code) exits with, as
+    Python and the OS make it: None is 0, an integer is taken modulo 256,
+    anything else (a message, which Python prints) is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1
 
 
 def _tell_launcher(what: str) -> None:

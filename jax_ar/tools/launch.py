@@ -3,10 +3,10 @@
 Each rank runs `script.py` (or, with -m, a module) as __main__ after
 jax.distributed.initialize() (see bootstrap.py), so the script needs no
 launcher-specific code. Output of every rank is streamed with a "[rank i]"
-prefix (without the collectives' connection chatter and the shutdown noise
-listed in relay.NOISE) and, with --log-dir, kept as printed in one file per
-rank. The launcher exits non-zero if any rank fails, naming it, and kills
-every rank still running at the deadline.
+prefix (without the collectives' connection chatter, relay.GlooReports, and
+the shutdown noise listed in relay.NOISE) and, with --log-dir, kept as
+printed in one file per rank. The launcher exits non-zero if any rank
+fails, naming it, and kills every rank still running at the deadline.
 
 When a rank fails, the others get a short grace period (see
 default_grace_s) to report their own errors, then the launcher dumps the
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import shutil
 import signal
@@ -62,6 +63,36 @@ def gpu_count() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def resolve_platform(platform: str, env) -> tuple[str, int]:
+    """("cpu" | "gpu", number of GPUs) for platform auto|cpu|gpu: auto is
+    the GPUs when nvidia-smi lists any (and JAX_PLATFORMS in `env` is not
+    cpu), else CPU devices. ValueError for gpu where there is none."""
+    gpus = gpu_count()
+    if platform == "auto":
+        platform = "gpu" if gpus > 0 and env.get("JAX_PLATFORMS", "") != "cpu" else "cpu"
+    if platform == "gpu" and gpus == 0:
+        raise ValueError("--platform gpu, but nvidia-smi lists no GPU")
+    return platform, gpus
+
+
+def check_arguments(num_processes, cpu_devices, timeout_s, grace_s) -> None:
+    """ValueError, naming the option, for a value launch() cannot run with
+    (NaN included: it would compare as no deadline, or no grace)."""
+    if num_processes < 1:
+        raise ValueError(f"-n must be at least 1, got {num_processes}")
+    if cpu_devices is not None and cpu_devices < 1:
+        raise ValueError(f"--cpu-devices must be at least 1, got {cpu_devices}")
+    check_timeout(timeout_s)
+    if grace_s is not None and not (math.isfinite(grace_s) and grace_s >= 0):
+        raise ValueError(f"--grace must be 0 or a positive number of seconds, got {grace_s:g}")
+
+
+def check_timeout(timeout_s) -> None:
+    """ValueError unless `timeout_s` is a deadline: positive and finite."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
+
+
 def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="auto",
            timeout_s=600.0, log_dir=None, stream=True, env=None, grace_s=None, *,
            module=None) -> LaunchResult:
@@ -79,8 +110,7 @@ def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="au
     others run their previous handler (by default, end the process)."""
     if (script is None) == (module is None):
         raise ValueError("launch: give a script or a module, not both")
-    if num_processes < 1:
-        raise ValueError("num_processes must be at least 1")
+    check_arguments(num_processes, cpu_devices, timeout_s, grace_s)
     scope = current_scope()
     if scope is not None or threading.current_thread() is not threading.main_thread():
         return _launch(scope, script, module, args, num_processes, cpu_devices, platform,
@@ -100,12 +130,7 @@ def _launch(scope, script, module, args, num_processes, cpu_devices, platform, t
             log_dir, stream, env, grace_s) -> LaunchResult:
     port = free_port()
     base_env = dict(os.environ if env is None else env)
-    if platform == "auto":
-        platform = "gpu" if gpu_count() > 0 and base_env.get("JAX_PLATFORMS", "") != "cpu" \
-            else "cpu"
-    gpus = gpu_count() if platform == "gpu" else 0
-    if platform == "gpu" and gpus == 0:
-        raise RuntimeError("--platform gpu but no GPU is visible (nvidia-smi -L lists none)")
+    platform, gpus = resolve_platform(platform, base_env)
     if grace_s is None:
         grace_s = default_grace_s(platform, base_env)
     if log_dir:
@@ -234,8 +259,11 @@ def main(argv=None) -> int:
         if not os.path.exists(ns.script):
             parser.error(f"no such script: {ns.script}")
         args = ns.args
-    if ns.num_processes < 1:
-        parser.error(f"-n must be at least 1, got {ns.num_processes}")
+    try:
+        check_arguments(ns.num_processes, ns.cpu_devices, ns.timeout, ns.grace)
+        resolve_platform(ns.platform, os.environ)
+    except ValueError as e:
+        parser.error(str(e))
     with forwarding_signals():
         result = launch(ns.script, args, ns.num_processes, ns.cpu_devices, ns.platform,
                         ns.timeout, ns.log_dir, stream=not ns.quiet, grace_s=ns.grace,

@@ -21,21 +21,21 @@ import subprocess
 import sys
 import time
 
-__all__ = ["LaunchResult", "NOISE", "NOISE_DETAIL", "POLL_S", "STOP_GRACE_S", "Watch", "kill_all", "pump",
+__all__ = ["GlooReports", "LaunchResult", "NOISE", "NOISE_DETAIL", "POLL_S", "STOP_GRACE_S", "Watch", "kill_all", "pump",
            "reap", "result_of", "supervise"]
 
 STOP_GRACE_S = 3.0  # how long ranks may take to end after a forwarded signal
 POLL_S = 0.05  # how often the launcher looks at the ranks
 KILL_SLACK_S = 0.5  # see _collect_failures
 
-# Lines no user needs: gloo's report of each connection it made (psum on CPU),
-# and what gRPC and absl print when a process of jax.distributed goes away
-# while its peers still poll it (these come after the ranks' own errors or
-# results; the launcher's summary says how each rank ended). A rank that
-# succeeds prints none of the latter (bootstrap.py); failing ones may.
+# Lines no user needs: gloo's report of each connection it made (psum on CPU;
+# GlooReports), and what gRPC and absl print when a process of
+# jax.distributed goes away while its peers still poll it (these come after
+# the ranks' own errors or results; the launcher's summary says how each rank
+# ended). A rank that succeeds prints none of the latter (bootstrap.py);
+# failing ones may.
 NOISE = re.compile(
-    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks"
-    r"|WatchTasksAsync|WatchJobStateAsync|PollForError"
+    r"WatchTasksAsync|WatchJobStateAsync|PollForError"
     r"|Terminating process because the JAX distributed service"
     r"|^\*\*\* Check failure stack trace: \*\*\*"
     r"|^\s+@\s+0x[0-9a-f]+\s")
@@ -46,10 +46,46 @@ NOISE_DETAIL = re.compile(
     r"|=== Source Location Trace: ===|\S+\.(cc|h):\d+$|$)")
 
 
+# The pieces gloo writes its report with, one write each:
+# "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected
+# peer ranks is : 1". Threads that report at once (a process with several
+# CPU devices) splice their pieces into lines such as "[Gloo] Rank 1 is
+# connected to 1 peer ranks. Expected number of connected peer ranks is :
+# [Gloo] Rank 1 is connected to 11" and " peer ranks. Expected number of
+# connected peer ranks is : 1".
+GLOO_TEXT = re.compile(r"\[Gloo\] Rank | is connected to | peer ranks\. "
+                       r"|Expected number of connected peer ranks is : ")
+GLOO_PIECES = re.compile(rf"(?:{GLOO_TEXT.pattern}|\d+)+")
+GLOO_START = "[Gloo] Rank "
+
+
+class GlooReports:
+    """Tells the lines of one rank's output made of gloo's reports, whole or
+    spliced. Each line ends one report (its number, then the newline); a
+    line that begins two leaves one unfinished, whose number may come alone
+    on a later line: such a bare number is dropped only while a report is
+    unfinished (anywhere else it is the program's own output)."""
+
+    def __init__(self):
+        self.unfinished = 0
+
+    def drops(self, line: str) -> bool:
+        text = line.rstrip("\r\n")
+        if not GLOO_PIECES.fullmatch(text):
+            return False
+        if not GLOO_TEXT.search(text) and not self.unfinished:
+            return False  # a number of the program's own
+        self.unfinished = max(0, self.unfinished + text.count(GLOO_START) - 1)
+        return True
+
+
 class LaunchResult:
     def __init__(self, returncodes, logs, timed_out, failures=(), stopped=(), signal_=None,
-                 killed_after_signal=()):
+                 killed_after_signal=(), exiting_with=None):
         self.returncodes = returncodes  # per rank; None if killed at the deadline
+        # Failed ranks the launcher killed while they were exiting (held in
+        # jax.distributed's shutdown) -> the exit status each was ending with.
+        self.exiting_with = dict(exiting_with or {})
         self.logs = logs  # per rank: what it printed (less NOISE)
         self.timed_out = timed_out
         # (rank, what happened), in the order the failures happened; the first
@@ -72,7 +108,8 @@ class LaunchResult:
     def exit_code(self) -> int:
         """What `python -m jax_ar launch` exits with: 0; 128 + the signal's
         number when one stopped the job; 124 at the deadline; else the first
-        failed rank's exit code (1 if it has none)."""
+        failed rank's exit code, the one its failure names (1 if it has
+        none)."""
         if self.signal is not None:
             return 128 + self.signal
         if self.ok:
@@ -80,12 +117,14 @@ class LaunchResult:
         if self.timed_out:
             return 124
         first = self.first_failed_rank
-        rc = self.returncodes[first] if first is not None else None
+        rc = _exit_code_of(first, self.returncodes[first], self.exiting_with) \
+            if first is not None else None
         return rc if rc is not None and rc > 0 else 1
 
     def summary(self) -> str:
         if self.ok:
-            return f"all {len(self.returncodes)} ranks succeeded"
+            count = len(self.returncodes)
+            return "the rank succeeded" if count == 1 else f"all {count} ranks succeeded"
         parts = [f"rank {rank} failed ({what})" for rank, what in self.failures]
         if len(parts) > 1:
             parts[0] += ", the first to fail"
@@ -101,6 +140,14 @@ class LaunchResult:
                          f"{STOP_GRACE_S:g} s later, killed")
             parts.append(text)
         return "; ".join(parts) or "failed"
+
+
+def _exit_code_of(rank, returncode, exiting_with) -> int | None:
+    """The rank's exit code: its process's own, or, when the launcher killed
+    it while it was exiting, the one it was ending with."""
+    if returncode is not None and returncode >= 0:
+        return returncode
+    return exiting_with.get(rank)
 
 
 def _ranks(ranks) -> str:
@@ -121,6 +168,7 @@ class Watch:
         self.failed_at = {}  # failed rank -> when it failed (time.time())
         self.exited_at = {}  # rank -> when its process ended (time.time())
         self.reported = {}  # rank -> the error it reported ("Type: message")
+        self.reported_exit = {}  # rank -> the exit status it reported it was ending with
         self.stopped = []  # ranks killed because they still ran after a failure
         self.ended_by_launcher = False  # the launcher killed what was left
         self.timed_out = False
@@ -210,8 +258,9 @@ def _collect_failures(procs, status_dir, watch):
         if os.path.exists(path):
             try:
                 with open(path) as f:
-                    stamp, _, text = f.read().strip().partition(" ")
+                    stamp, exit_status, text = f.read().strip().split(" ", 2)
                 when = float(stamp)
+                watch.reported_exit[rank] = int(exit_status)
             except (OSError, ValueError):
                 text, when = "an error", time.time()
             watch.reported[rank] = text
@@ -231,21 +280,17 @@ def _collect_failures(procs, status_dir, watch):
             watch.failed_at[rank] = when
 
 
-def _describe_failure(rank, rc, watch) -> str:
+def _describe_failure(rank, rc, watch, exiting_with) -> str:
     """'raised ValueError: ..., exit code 1', 'exit code 3', 'killed by SIGKILL'."""
     parts = []
     reported = watch.reported.get(rank, "")
     if reported and not reported.startswith("SystemExit"):
         parts.append(f"raised {reported}")
-    if rc is not None and rc > 0:
-        parts.append(f"exit code {rc}")
-    elif reported.startswith("SystemExit: "):  # sys.exit(N), then held in the shutdown
-        parts.append(f"exit code {reported[len('SystemExit: '):]}")
+    code = _exit_code_of(rank, rc, exiting_with)
+    if code is not None and code > 0:
+        parts.append(f"exit code {code}")
     elif rc is not None and rc < 0:
-        if rank in watch.reported and watch.ended_by_launcher:
-            parts.append("stopped while exiting")
-        else:
-            parts.append(f"killed by {_signal_name(-rc)}")
+        parts.append(f"killed by {_signal_name(-rc)}")
     return ", ".join(parts) or "failed"
 
 
@@ -283,10 +328,13 @@ def reap(proc, rank, watch):
 
 def pump(proc, rank, sink, log_file, stream, lock):
     in_noise = False  # the last line kept out was NOISE: its details follow
+    gloo = GlooReports()
     for line in proc.stdout:
         if log_file:
             log_file.write(line)
             log_file.flush()
+        if gloo.drops(line):
+            continue
         if NOISE.search(line) or (in_noise and NOISE_DETAIL.match(line.strip())):
             in_noise = True
             continue
@@ -321,6 +369,13 @@ def result_of(procs, threads, logs, watch, num_processes) -> LaunchResult:
             i not in watch.failed_at
         returncodes.append(None if killed_at_deadline else rc)
     returncodes += [None] * (num_processes - len(procs))  # never started (a signal came)
-    failures = [(r, _describe_failure(r, returncodes[r], watch)) for r in watch.order]
+    # A failed rank the launcher killed was held in jax.distributed's
+    # shutdown: its exit code is the one it reported it was ending with.
+    exiting_with = {r: watch.reported_exit[r] for r in watch.order
+                    if r in watch.reported_exit and watch.ended_by_launcher
+                    and returncodes[r] is not None and returncodes[r] < 0}
+    failures = [(r, _describe_failure(r, returncodes[r], watch, exiting_with))
+                for r in watch.order]
     return LaunchResult(returncodes, ["".join(lines) for lines in logs], watch.timed_out,
-                        failures, watch.stopped, watch.signal, watch.killed_after_signal)
+                        failures, watch.stopped, watch.signal, watch.killed_after_signal,
+                        exiting_with)

@@ -6,6 +6,7 @@ stderr while they work, and returns what rank 0 wrote.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import uuid
 
+from ..comm.communicator import MAX_WORKSPACE_BYTES, MIN_WORKSPACE_BYTES
 from . import launch
 
 __all__ = ["SweepError", "SweepStopped", "add_common_options", "common_config", "default_ranks", "format_size",
@@ -28,6 +30,9 @@ TIMING_DEFAULTS = {
     "cpu": {"iters": 10, "launches": 2, "repeats": 5, "warmup": 1, "min_sample_ms": 10.0},
     "gpu": {"iters": 20, "launches": 4, "repeats": 10, "warmup": 2, "min_sample_ms": 2.0},
 }
+# The least value of each timing option: a sample needs a call, a launch and
+# a repeat; warm-up and a least sample time may be none.
+TIMING_LEAST = {"iters": 1, "launches": 1, "repeats": 1, "warmup": 0, "min_sample_ms": 0}
 
 
 # Typical sample spread above which results are flagged as disturbed. On the
@@ -95,12 +100,21 @@ def common_config(ns, platform: str) -> dict:
     config = {}
     for name, default in TIMING_DEFAULTS[platform].items():
         value = getattr(ns, name)
-        if value is not None and value < (0 if name == "warmup" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be at least "
-                             f"{0 if name == 'warmup' else 1}, got {value}")
+        least = TIMING_LEAST[name]
+        if value is not None and not (math.isfinite(value) and value >= least):
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}"
+                             f"{' and finite' if isinstance(value, float) else ''}, "
+                             f"got {value:g}")
         config[name] = default if value is None else value
     config["min_sample_s"] = config.pop("min_sample_ms") / 1e3
-    config["workspace_bytes"] = ns.workspace_bytes
+    workspace = ns.workspace_bytes
+    if workspace is not None and not MIN_WORKSPACE_BYTES <= workspace <= MAX_WORKSPACE_BYTES:
+        # jax_ar.setup's limits: every rank would raise at setup.
+        raise ValueError(f"--workspace-bytes must be between {format_size(MIN_WORKSPACE_BYTES)} "
+                         f"and {format_size(MAX_WORKSPACE_BYTES)} (jax_ar.setup's limits), "
+                         f"got {workspace}")
+    config["workspace_bytes"] = workspace
+    launch.check_timeout(ns.timeout)
     return config
 
 
@@ -132,13 +146,9 @@ def size_list(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
 
 
 def resolve_platform(platform: str) -> tuple[str, int]:
-    """("cpu" | "gpu", number of GPUs) for --platform auto|cpu|gpu."""
-    gpus = launch.gpu_count()
-    if platform == "auto":
-        platform = "gpu" if gpus > 0 and os.environ.get("JAX_PLATFORMS", "") != "cpu" else "cpu"
-    if platform == "gpu" and gpus == 0:
-        raise SweepError("--platform gpu, but nvidia-smi lists no GPU")
-    return platform, gpus
+    """("cpu" | "gpu", number of GPUs) for --platform auto|cpu|gpu, as the
+    launcher resolves it; ValueError for gpu where there is none."""
+    return launch.resolve_platform(platform, os.environ)
 
 
 def shared_gpu_reason(platform: str, ranks: int, gpus: int) -> str | None:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import selection
 from . import sweep
+from .bench_data import DTYPES
 from .timing import typical_spread
 from ..selection.table import (TABLE_ENV, CostCurve, Segment, Table, load_table, table_path,
                      table_to_json)
@@ -40,6 +41,7 @@ MAX_BYTES = {"cpu": "4M", "gpu": "256M"}
 MAX_KNOTS = 4  # interior knots at most: more would fit noise
 NORM_HIDDEN = 4096  # the norm paths are measured at this hidden size (bfloat16)
 NORM_DTYPE = "bfloat16"
+NORM_ITEMSIZE = DTYPES[NORM_DTYPE].itemsize
 # Each norm path's curve, from the bench variant that times it (bench_rank).
 NORM_VARIANTS = {"fused_oneshot": "fused_oneshot", "fused_twoshot": "fused_twoshot",
                  "composed": "all_reduce+rms_norm"}
@@ -170,9 +172,14 @@ def _summary(table: Table, capacity: dict, measured: dict) -> str:
 def _norm_summary(table: Table, measured: dict) -> str:
     """all_reduce_rms_norm's paths per size: measured / predicted, and the pick."""
     paths = selection.NORM_PATHS
-    lines = [f"# all_reduce_rms_norm ({NORM_DTYPE}, hidden {NORM_HIDDEN}), whole calls",
+    title = f"# all_reduce_rms_norm ({NORM_DTYPE}, hidden {NORM_HIDDEN}), whole calls"
+    sizes = sorted({b for p in paths for b, _ in measured.get(p, [])})
+    if not sizes:  # no message held a row (or no row ran): a table would be empty
+        return (f"{title}: none measured (a call takes at least one row of "
+                f"{sweep.format_size(NORM_HIDDEN * NORM_ITEMSIZE)}B)")
+    lines = [title,
              f"# {'size':>10} " + " ".join(f"{p + ' us':>24}" for p in paths) + f" {'pick':>14}"]
-    for size in sorted({b for p in paths for b, _ in measured.get(p, [])}):
+    for size in sizes:
         cells = []
         for p in paths:
             got = dict(measured.get(p, [])).get(size)
@@ -203,14 +210,14 @@ def main(argv=None) -> int:
         if algorithm != "psum":  # the one-round limit itself: the fit's last point
             cases.append({"dtype": "float32", "op": "sum", "count": 0, "bytes": 0,
                           "algorithm": algorithm, "at_capacity": algorithm})
-    itemsize = 2  # NORM_DTYPE
     for path, variant in NORM_VARIANTS.items():
         for b in sizes:
-            tokens = b // (NORM_HIDDEN * itemsize)
+            tokens = b // (NORM_HIDDEN * NORM_ITEMSIZE)
             if tokens >= 1:
                 cases.append({"dtype": NORM_DTYPE, "op": "rms_norm", "hidden": NORM_HIDDEN,
                               "tokens": tokens, "count": tokens * NORM_HIDDEN,
-                              "bytes": tokens * NORM_HIDDEN * itemsize, "algorithm": variant})
+                              "bytes": tokens * NORM_HIDDEN * NORM_ITEMSIZE,
+                              "algorithm": variant})
     config.update(cases=cases, unavailable=unavailable, eps=1e-6, seed=0)
     print(f"jax_ar tune: {len(cases)} measurements on {ranks} {platform.upper()} ranks ...",
           file=sys.stderr, flush=True)

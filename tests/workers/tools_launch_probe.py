@@ -10,8 +10,9 @@ loop_calls  every rank sets up jax_ar, prints "looping" and runs all_reduces
 fail_others_loop  the target exits 3; the others sleep (until stopped)
 die_in_call  every rank sets up jax_ar; the target SIGKILLs itself while the
          others wait for it in an all_reduce (which then fails)
-noise    every rank prints lines the launcher drops (gloo's connections, what
-         gRPC and absl print at a peer's exit) around one line of its own
+noise    every rank prints lines the launcher drops (gloo's connections, whole
+         and as two threads splice them, what gRPC and absl print at a peer's
+         exit) around lines of its own
 """
 import os
 import signal
@@ -32,6 +33,16 @@ if mode == "noise":
     print(f"[Gloo] Rank {me} is connected to 1 peer ranks. Expected number of connected peer "
           "ranks is : 1", flush=True)
     print("my own line", flush=True)
+    # Two threads' reports spliced (as seen with 2 CPU devices per process):
+    # at a piece, and just before the number, which then comes alone.
+    print("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer "
+          "ranks is : [Gloo] Rank 1 is connected to 11\n"
+          " peer ranks. Expected number of connected peer ranks is : 1\n"
+          "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer "
+          "ranks is : [Gloo] Rank 1 is connected to 1 peer ranks. Expected number of "
+          "connected peer ranks is : 1\n"
+          "1", flush=True)
+    print(7, flush=True)  # a number of its own, where no report is unfinished
     print("E1201 10:00:00.000000 1 coordination_service_agent.cc:1] WatchTasksAsync failed: "
           "UNAVAILABLE: Connection refused", flush=True)
     print("*** Check failure stack trace: ***", flush=True)
