@@ -65,8 +65,7 @@ def reduce_scatter(x, axis_name, scatter_dimension=0, tiled=False, *, axis_index
     multiple of it and shrinks by that factor. The result varies over the
     axes. x: array or pytree of arrays."""
     what = "jax_ar.reduce_scatter"
-    if not isinstance(tiled, (bool, np.bool_)):
-        raise TypeError(f"{what}: tiled must be a bool, got {tiled!r}")
+    tiled = _check_tiled(what, tiled)
     if isinstance(scatter_dimension, (bool, np.bool_)) or not isinstance(
             scatter_dimension, (int, np.integer)):
         raise TypeError(f"{what}: scatter_dimension must be an int, got "
@@ -75,7 +74,6 @@ def reduce_scatter(x, axis_name, scatter_dimension=0, tiled=False, *, axis_index
     if not axes:
         return x
     kinds = classify_axes(axes, what)
-    tiled = bool(tiled)
     lax_form, groups = _lax_form(kinds, axis_index_groups, what)
 
     def one(leaf):
@@ -108,8 +106,7 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
     to="invarying" makes it invariant (jax.lax.all_gather(...,
     to="invarying")). x: array, scalar or pytree of them."""
     what = "jax_ar.all_gather"
-    if not isinstance(tiled, (bool, np.bool_)):
-        raise TypeError(f"{what}: tiled must be a bool, got {tiled!r}")
+    tiled = _check_tiled(what, tiled)
     if not isinstance(to, str) or to not in TO_VALUES:
         raise ValueError(f"{what}: to must be one of {TO_VALUES}, got {to!r}")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
@@ -118,7 +115,6 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
     if not names:
         return x
     kinds = classify_axes(names, what)
-    tiled = bool(tiled)
     groups = _lax_form(kinds, axis_index_groups, what)[1]
 
     def one(leaf):
@@ -139,6 +135,15 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
 
     chain = []
     return jax.tree_util.tree_map(lambda leaf: _record(one(leaf), chain), x)
+
+
+def _check_tiled(what, tiled) -> bool:
+    """tiled as a bool: True, False or the ints 1 and 0, which jax.lax takes
+    too (it only tests the value); anything else is a TypeError."""
+    if isinstance(tiled, (bool, np.bool_)) or (isinstance(tiled, (int, np.integer))
+                                                and tiled in (0, 1)):
+        return bool(tiled)
+    raise TypeError(f"{what}: tiled must be a bool, got {tiled!r}")
 
 
 def _in_turn(leaf, kinds, chain):

@@ -2,7 +2,7 @@
 one program (two device orders of a mesh, disjoint sub-meshes), a mesh never
 set up, a mesh of another shape with the same groups, a jaxpr reused for
 another device order, eager shard_map, jax.set_mesh, a nested shard_map,
-an AbstractMesh.
+an AbstractMesh, a shard_map that leaves a mesh axis automatic.
 
 Each configuration launches workers/comm_lookup.py once; each suite is a
 test id.

@@ -77,7 +77,8 @@ def axis_size(name) -> int:
 def classify_axes(axes: tuple, what: str) -> Axes:
     """The kinds of `axes`; ValueError naming `what` for a name that is
     bound neither by the enclosing shard_map nor by a vmap."""
-    manual = set(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()))
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = set(getattr(mesh, "manual_axes", ()))
     kinds = {"mesh": [], "single": [], "vmap": [], "positional": []}
     for a in axes:
         if isinstance(a, (int, np.integer)):
@@ -87,6 +88,13 @@ def classify_axes(axes: tuple, what: str) -> Axes:
             size = axis_size(a)
         except NameError:
             size = None
+        if size is not None and a in manual and size != mesh.shape[a]:
+            # A vmap inside the shard_map bound the same name: jax.lax
+            # reduces over the inner binding, which jax_ar cannot tell from
+            # the mesh axis (it can only see that the sizes differ).
+            raise ValueError(f"{what}: axis {a!r} names both a manual axis of the enclosing "
+                             f"shard_map (size {mesh.shape[a]}) and a vmap axis inside it "
+                             f"(size {size}); give the vmap axis another name")
         if size is not None and a in manual:
             kinds["mesh" if size > 1 else "single"].append(a)
         elif size is not None:

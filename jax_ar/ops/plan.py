@@ -376,7 +376,24 @@ def not_serving(comm) -> str | None:
 
 def _not_serving_reason(comm) -> Reason | None:
     why = not_serving(comm) if comm is not None else None
-    return Reason(why, COMM_TODO) if why else None
+    return Reason(why, COMM_TODO) if why else _automatic_axes()
+
+
+def _automatic_axes() -> Reason | None:
+    """Why no kernel may serve a call inside a shard_map that leaves mesh
+    axes of more than one device automatic (axis_names= a subset), or None.
+    XLA partitions the body over those axes, and a custom call has no
+    sharding rule: XLA would gather its operand over them, run the kernel on
+    the gathered array and hand back a result replicated where psum's keeps
+    the operand's sharding."""
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = set(getattr(mesh, "manual_axes", ()))
+    automatic = [a for a in mesh.axis_names if a not in manual and mesh.shape[a] > 1]
+    if not manual or not automatic:
+        return None
+    return Reason(f"the enclosing shard_map leaves mesh axes {automatic} automatic, over which "
+                  "XLA would gather jax_ar's call", "make them manual too (shard_map's "
+                  "axis_names) to use jax_ar's kernels")
 
 
 def _unknown_devices(axis) -> Reason:

@@ -9,7 +9,8 @@ mesh of another shape with the same groups; a larger communicator serving
 a sub-mesh of one of its groups; a jitted function reused in shard_maps
 over two device orders (checked again when lowered); eager shard_map and
 jax.set_mesh; a shard_map nested in another (given the AbstractMesh); a
-shard_map over an AbstractMesh (jax.lax, logged); close() of one of two. Results are compared bit for bit with numpy references of
+shard_map over an AbstractMesh (jax.lax, logged); a shard_map that leaves a
+mesh axis automatic (jax.lax, logged); close() of one of two. Results are compared bit for bit with numpy references of
 the mesh's rank order (exact data: every summation order agrees).
 """
 import logging
@@ -318,6 +319,47 @@ def suite_abstract_mesh():
     assert any("jax.lax" in m and "AbstractMesh" in m for m in records.messages), records.messages
     comm.close()
     log("abstract_mesh: ok")
+
+
+def suite_partial_manual():
+    """A shard_map manual over "tp" only, leaving "dp" (2 devices)
+    automatic: XLA would gather a kernel's operand over "dp", so the calls
+    are jax.lax's, logged, with psum's values and result sharding; a
+    shard_map manual over both axes runs jax_ar's kernels."""
+    if ON_GPU:
+        raise SuiteSkipped("jax.lax's collectives are NCCL's, which refuse ranks sharing a GPU")
+    devices = jax.devices()
+    n = len(devices)
+    grid = mesh_of(devices, ("dp", "tp"), (2, n // 2))
+    comm = jax_ar.setup(grid, "tp")
+    x = random_values(np.random.default_rng(SEED + 8), (4, n), np.float32)
+    xs = global_array(x, grid, P("dp", "tp"))
+    records = Records(logging.INFO)
+    logging.getLogger("jax_ar").addHandler(records)
+    try:
+        results = {}
+        for name, reduce, manual in (("jax_ar", jax_ar.all_reduce, {"tp"}),
+                                     ("psum", jax.lax.psum, {"tp"}),
+                                     ("jax_ar, every axis manual", jax_ar.all_reduce, None)):
+            in_specs = P(None, "tp") if manual else P("dp", "tp")
+            out_specs = P() if manual else P("dp")
+            program = jax.jit(jax.shard_map(lambda v: reduce(v, "tp"), mesh=grid,
+                                            in_specs=in_specs, out_specs=out_specs,
+                                            **({"axis_names": manual} if manual else {})))
+            kernels = set(re.findall(r"@(jax_ar_\w+)", program.lower(xs).as_text()))
+            assert ("jax_ar_all_reduce" in kernels) == (manual is None), (name, kernels)
+            results[name] = program(xs)
+    finally:
+        logging.getLogger("jax_ar").removeHandler(records)
+    want = np.sum(np.split(x, n // 2, axis=1), axis=0)  # [4, 2]: the sum over "tp"
+    for name, out in results.items():
+        assert out.sharding.spec == results["psum"].sharding.spec, (name, out.sharding)
+        for s in out.addressable_shards:
+            assert_bitwise_equal(np.asarray(s.data), want[s.index], f"partial manual: {name}")
+    assert any("leaves mesh axes ['dp'] automatic" in m for m in records.messages), \
+        records.messages
+    comm.close()
+    log("partial_manual: ok")
 
 
 def suite_close_one_of_two():

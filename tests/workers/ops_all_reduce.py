@@ -549,6 +549,13 @@ def suite_bad_input(mesh, comm):
                  lambda: run(lambda v: jax_ar.all_reduce(v, ("tp", "tp"))))
     expect_error(ValueError, "outside jax.shard_map",
                  lambda: jax.jit(lambda v: jax_ar.all_reduce(v, "tp"))(x))
+    # A vmap inside the shard_map that binds the mesh axis's name again:
+    # jax.lax reduces over the vmap's axis, jax_ar would over the mesh's.
+    shadow = jax.device_count() + 1  # a vmap size other than the axis's
+    expect_error(ValueError, "names both a manual axis", lambda: jax.jit(jax.shard_map(
+        lambda v: jax.vmap(lambda r: jax_ar.all_reduce(r, "tp"), axis_name="tp")(v),
+        mesh=mesh, in_specs=P("tp"), out_specs=P("tp"), check_vma=False))(
+            global_array(np.ones((jax.device_count() * shadow, 2), np.float32), mesh, P("tp"))))
     other = jax.make_mesh((jax.device_count(),), ("other",))
     expect_error(ValueError, "jax_ar.setup(mesh, 'other')", lambda: jax.jit(jax.shard_map(
         lambda v: jax_ar.all_reduce(v, "other"), mesh=other, in_specs=P("other"),

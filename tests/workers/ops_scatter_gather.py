@@ -558,6 +558,16 @@ def suite_bad_input(mesh, comm):
                  lambda: run(lambda v: jax_ar.reduce_scatter(v, "tp", "0")))
     expect_error(TypeError, "tiled must be a bool",
                  lambda: run(lambda v: jax_ar.reduce_scatter(v, "tp", tiled="yes")))
+    expect_error(TypeError, "tiled must be a bool",
+                 lambda: run(lambda v: jax_ar.all_gather(v, "tp", tiled=2)))
+    # The ints 1 and 0 mean what True and False do, as jax.lax takes them.
+    for fn in (jax_ar.reduce_scatter, jax_ar.all_gather):
+        for as_int, as_bool in ((1, True), (0, False)):
+            got = run(lambda v: fn(v, "tp", 0, tiled=as_int))
+            want = run(lambda v: fn(v, "tp", 0, tiled=as_bool))
+            for g, w in zip(got.addressable_shards, want.addressable_shards):
+                assert_bitwise_equal(np.asarray(g.data), np.asarray(w.data),
+                                     f"{fn.__name__} tiled={as_int}")
     expect_error(TypeError, "jax_ar.reduce_scatter: cannot sum bool",
                  lambda: run(lambda v: jax_ar.reduce_scatter(v > 0, "tp")))
     expect_error(ValueError, "to must be one of",
