@@ -1,15 +1,15 @@
 """jax_ar.setup(): the public entry to comm/.
 
 Besides the configuration the communicator checks, every process must pick
-algorithms from the same cost table: ranks that chose differently could
-meet psum on one side and a jax_ar kernel on the other, which no deadline
-inside NCCL would end. So the table's digest is part of what setup agrees on.
+algorithms alike: ranks that chose differently could meet psum on one side
+and a jax_ar kernel on the other, which no deadline inside NCCL would end.
+So the cost table's digest and JAX_AR_ALGO are part of what setup agrees on.
 """
 from __future__ import annotations
 
 import hashlib
 
-from . import selection
+from . import config, selection
 from .comm.communicator import Communicator, open_communicator
 
 __all__ = ["setup"]
@@ -25,10 +25,11 @@ def setup(mesh, axis_name, workspace_bytes=None, timeout_s=None) -> Communicator
     as set up (other values than it has raise ValueError). Returns the
     Communicator (close() releases it; so does the end of the process)."""
     return open_communicator(mesh, axis_name, workspace_bytes, timeout_s,
-                             agreement=_cost_table_agreement)
+                             agreement=_algorithm_agreement)
 
 
-def _cost_table_agreement(comm: Communicator) -> dict:
+def _algorithm_agreement(comm: Communicator) -> dict:
     table = selection.table_for(comm.platform, comm.groups[0][0].device_kind, comm.world_size)
     curves = sorted((name, repr(curve)) for name, curve in table.curves.items())
-    return {"cost_table": hashlib.blake2b(repr(curves).encode(), digest_size=8).hexdigest()}
+    return {"cost_table": hashlib.blake2b(repr(curves).encode(), digest_size=8).hexdigest(),
+            "JAX_AR_ALGO": config.algorithm_override() or "auto"}

@@ -14,9 +14,9 @@ skip            odd skips a call and then (a) makes a different call, (b)
                 deadline (b); odd's later call fails at once; recovery
 skip_and_end    odd skips the last call and its script ends: every rank
                 fails (odd through the launcher's end-of-script check)
-setup_disagree  different workspace_bytes, a different library version, a
-                process that skips setup (and arrives later): errors naming
-                the processes; setup then works again
+setup_disagree  different workspace_bytes, a different library version or
+                JAX_AR_ALGO, a process that skips setup (and arrives
+                later): errors naming the processes; setup then works again
 die             process 1 kills itself (SIGKILL) after setup; the others'
                 next call fails at once naming it (CPU) or at the deadline
 die_in_extra_call  process 1 makes a call the others never make and is
@@ -351,6 +351,19 @@ def scenario_setup_disagree(mesh):
                            timeout_s=30.0)
     finally:
         communicator.__version__ = saved
+
+    # Processes that would pick algorithms differently (JAX_AR_ALGO) could
+    # meet psum on one side and a kernel on the other: setup refuses.
+    saved = os.environ.pop("JAX_AR_ALGO", None)
+    if odd:
+        os.environ["JAX_AR_ALGO"] = "psum"
+    try:
+        expect_setup_error("setup/JAX_AR_ALGO", jax_ar.JaxArError, ("JAX_AR_ALGO", mine, theirs),
+                           timeout_s=30.0)
+    finally:
+        os.environ.pop("JAX_AR_ALGO", None)
+        if saved is not None:
+            os.environ["JAX_AR_ALGO"] = saved
 
     # odd skips setup: the others time out naming it; odd, arriving later,
     # learns at once that they gave up (it joins the same, failed setup).
