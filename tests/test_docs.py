@@ -58,6 +58,37 @@ def _parameters(fn) -> list:
             if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
+# The leading parameters of the public API in the contract's order
+# (the project's design document, README's "API"), so that a positional call
+# means what it says there: rms_norm(x, gamma, 1e-6, 1.0) is scale_offset 1.0.
+CONTRACT_ORDER = {
+    "setup": ("mesh", "axis_name", "workspace_bytes", "timeout_s"),
+    "all_reduce": ("x", "axis_name", "op", "algorithm"),
+    "all_reduce_rms_norm": ("x", "residual", "gamma", "axis_name", "eps", "algorithm",
+                            "quant_scale", "scale_offset", "post_gamma", "bias"),
+    "rms_norm": ("x", "gamma", "eps", "scale_offset"),
+    "matmul_all_reduce": ("x", "w", "axis_name"),
+    "flax.RMSNorm": ("num_features", "eps", "scale_offset"),
+    "flax.AllReduceRMSNorm": ("num_features", "axis_name", "eps", "scale_offset", "post_norm"),
+    "flax.RowParallelLinear": ("in_features", "out_features", "axis_name", "use_bias"),
+}
+
+
+def test_public_parameters_in_the_contracts_order():
+    try:
+        import jax_ar.flax as ar_flax
+    except ImportError:  # flax not installed: the functions are still checked
+        ar_flax = None
+    for name, order in CONTRACT_ORDER.items():
+        if name.startswith("flax."):
+            if ar_flax is None:
+                continue
+            parameters = _parameters(getattr(ar_flax, name[len("flax."):]).__init__)
+        else:
+            parameters = _parameters(getattr(jax_ar, name))
+        assert tuple(parameters[:len(order)]) == order, (name, parameters)
+
+
 def test_readme_names_every_parameter():
     """Every parameter of the public functions, and of the Flax modules'
     constructors and calls, is named in README.md."""
