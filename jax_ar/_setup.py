@@ -24,6 +24,7 @@ def setup(mesh, axis_name, workspace_bytes=None, timeout_s=None) -> Communicator
     the same Communicator, whose workspace_bytes and timeout_s None leaves
     as set up (other values than it has raise ValueError). Returns the
     Communicator (close() releases it; so does the end of the process)."""
+    config.algorithm_override()  # a bad JAX_AR_ALGO fails here, before any peer waits
     return open_communicator(mesh, axis_name, workspace_bytes, timeout_s,
                              agreement=_algorithm_agreement)
 

@@ -128,5 +128,5 @@ def algorithm_override() -> str | None:
     if not text or text == "auto":
         return None
     if text not in ALGORITHMS:
-        raise ValueError(f"JAX_AR_ALGO must be one of {ALGORITHMS}, got {text!r}")
+        raise ValueError(f"jax_ar: JAX_AR_ALGO must be one of {ALGORITHMS}, got {text!r}")
     return text

@@ -292,6 +292,20 @@ def fuzz_setup_and_communicator(fz):
     fz.case("setup with a malformed cost table", malformed_table, jax_ar.selection.TableError,
             ("table.json",))
 
+    def bad_algorithm_variable():
+        saved = os.environ.get("JAX_AR_ALGO")
+        os.environ["JAX_AR_ALGO"] = "fastest"
+        try:
+            jax_ar.setup(jax.make_mesh((fz.n,), ("bad_algo",)), "bad_algo")
+        finally:
+            if saved is None:
+                os.environ.pop("JAX_AR_ALGO")
+            else:
+                os.environ["JAX_AR_ALGO"] = saved
+
+    fz.case("setup with JAX_AR_ALGO=fastest", bad_algorithm_variable, ValueError,
+            ("JAX_AR_ALGO", "fastest"))
+
     def closed_communicator():
         comm = jax_ar.setup(jax.make_mesh((fz.n,), ("c",)), "c")
         comm.close()
