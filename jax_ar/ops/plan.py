@@ -38,9 +38,9 @@ from ._axes import (GATHER_DTYPES, REDUCE_DTYPES, Axes, communicator_for, inner_
                     unknown_devices_reason)
 from .rms_norm import fused_refuses, module_serves, pair_refuses
 
-__all__ = ["COMM_TODO", "CONSTANT", "KERNEL", "LAX", "LAX_NAMES", "LOCAL", "MULTI_AXIS", "NormPlan", "Plan",
-           "Step", "as_array", "not_serving", "operand_dtype", "plan_all_reduce", "plan_leaf",
-           "plan_norm", "plan_one_axis"]
+__all__ = ["COMM_TODO", "CONSTANT", "KERNEL", "LAX", "LAX_NAMES", "LOCAL", "MULTI_AXIS",
+           "NormPlan", "Plan", "Step", "as_array", "not_serving", "operand_dtype",
+           "plan_all_reduce", "plan_leaf", "plan_norm", "plan_one_axis"]
 
 LAX, CONSTANT, LOCAL, KERNEL, MULTI_AXIS = "lax", "constant", "local", "kernel", "multi_axis"
 # Where each axis of a reduce_scatter / all_gather over several axes runs.
