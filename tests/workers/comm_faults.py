@@ -58,7 +58,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_ar
 from jax_ar.comm import communicator
-from common import global_array, log, main_guard
+from common import environment, global_array, log, main_guard
 from comm_fault_checks import (ADVICE, ON_GPU, PROMPT_S, check_fresh_results,
                                expect_check_fails, expect_failure, last_process, me, reducer,
                                sharded, tp_mesh)
@@ -354,16 +354,9 @@ def scenario_setup_disagree(mesh):
 
     # Processes that would pick algorithms differently (JAX_AR_ALGO) could
     # meet psum on one side and a kernel on the other: setup refuses.
-    saved = os.environ.pop("JAX_AR_ALGO", None)
-    if odd:
-        os.environ["JAX_AR_ALGO"] = "psum"
-    try:
+    with environment("JAX_AR_ALGO", "psum" if odd else None):
         expect_setup_error("setup/JAX_AR_ALGO", jax_ar.JaxArError, ("JAX_AR_ALGO", mine, theirs),
                            timeout_s=30.0)
-    finally:
-        os.environ.pop("JAX_AR_ALGO", None)
-        if saved is not None:
-            os.environ["JAX_AR_ALGO"] = saved
 
     # odd skips setup: the others time out naming it; odd, arriving later,
     # learns at once that they gave up (it joins the same, failed setup).

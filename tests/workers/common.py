@@ -8,9 +8,11 @@ independent float64 reference every result must also be close to.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import sys
 
 import jax
@@ -29,6 +31,24 @@ OPS = ("sum", "avg", "max", "min")
 
 def log(*args):
     print(f"[process {jax.process_index()}]", *args, flush=True)
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str | None):
+    """The environment variable `name` set to `value` (None: unset) inside
+    the block, and as it was after it."""
+    saved = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 class Records(logging.Handler):

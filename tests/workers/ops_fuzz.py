@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_ar
 from common import (assert_close_to_float64, assert_equal_nan_aware, emulate_all_reduce,
-                    global_array, local_shards, log, main_guard)
+                    environment, global_array, local_shards, log, main_guard)
 from comm_fault_checks import ON_GPU, tp_mesh
 
 CLEAR_ERRORS = (TypeError, ValueError, NotImplementedError, jax_ar.JaxArError)
@@ -277,31 +277,19 @@ def fuzz_setup_and_communicator(fz):
         path = os.path.join(tempfile.mkdtemp(), "table.json")
         with open(path, "w") as f:
             f.write("{not json")
-        saved = os.environ.get("JAX_AR_TABLE")
-        os.environ["JAX_AR_TABLE"] = path
-        jax_ar.selection.clear_cache()
-        try:
-            jax_ar.setup(jax.make_mesh((fz.n,), ("bad_table",)), "bad_table")
-        finally:
-            if saved is None:
-                os.environ.pop("JAX_AR_TABLE")
-            else:
-                os.environ["JAX_AR_TABLE"] = saved
+        with environment("JAX_AR_TABLE", path):
             jax_ar.selection.clear_cache()
+            try:
+                jax_ar.setup(jax.make_mesh((fz.n,), ("bad_table",)), "bad_table")
+            finally:
+                jax_ar.selection.clear_cache()
 
     fz.case("setup with a malformed cost table", malformed_table, jax_ar.selection.TableError,
             ("table.json",))
 
     def bad_algorithm_variable():
-        saved = os.environ.get("JAX_AR_ALGO")
-        os.environ["JAX_AR_ALGO"] = "fastest"
-        try:
+        with environment("JAX_AR_ALGO", "fastest"):
             jax_ar.setup(jax.make_mesh((fz.n,), ("bad_algo",)), "bad_algo")
-        finally:
-            if saved is None:
-                os.environ.pop("JAX_AR_ALGO")
-            else:
-                os.environ["JAX_AR_ALGO"] = saved
 
     fz.case("setup with JAX_AR_ALGO=fastest", bad_algorithm_variable, ValueError,
             ("JAX_AR_ALGO", "fastest"))
