@@ -27,8 +27,8 @@ import jax_ar
 from jax_ar import selection
 from jax_ar.ops.rms_norm import fused_refuses
 from jax_ar.selection import table as _table
-from common import (assert_equal_nan_aware, expect_error, global_array, local_shards, log,
-                    SuiteSkipped, main_guard, norm_auto_takes_pair, suites_in,
+from common import (assert_equal_nan_aware, environment, expect_error, global_array,
+                    local_shards, log, SuiteSkipped, main_guard, norm_auto_takes_pair, suites_in,
                     run_communicator_suites, same_on_all_processes)
 from norm_checks import (FLOAT32_EVALUATION, FLOAT_DTYPES, FP8, add_residual,
                          assert_norm_close, assert_within, norm_float64, norm_tolerance,
@@ -343,8 +343,8 @@ def suite_auto_paths(mesh, comm):
     where its rounding could overflow (float16 x)."""
     rng = np.random.default_rng(SEED + 28)
     world = comm.world_size
-    saved = os.environ.get("JAX_AR_TABLE")
-    with tempfile.TemporaryDirectory() as directory:
+    # JAX_AR_TABLE names each table below in turn; after the block it is as it was.
+    with tempfile.TemporaryDirectory() as directory, environment("JAX_AR_TABLE", None):
         for cheapest in ("composed", "fused_twoshot"):
             table = selection.default_table(comm.platform, comm.groups[0][0].device_kind, world)
             doc = _table.table_to_json(table, jax_ar.__version__)
@@ -393,10 +393,6 @@ def suite_auto_paths(mesh, comm):
                         np.testing.assert_allclose(
                             gd, wd, rtol=2e-5, atol=2e-5 * float(np.abs(wd).max()),
                             err_msg=f"auto ({cheapest} cheapest) grad wrt {name} on {device}")
-    if saved is None:
-        os.environ.pop("JAX_AR_TABLE", None)
-    else:
-        os.environ["JAX_AR_TABLE"] = saved
     selection.clear_cache()
     jax.clear_caches()
     log("auto_paths: ok")
