@@ -19,6 +19,7 @@ __all__ = [
     "distributed_client",
     "has_explicit_sharding",
     "lowering_mesh",
+    "partitioning_mesh",
     "pcast_to_varying",
     "requires_devices_during_lowering",
     "shaped_array",
@@ -160,6 +161,44 @@ def lowering_mesh(ctx):
         if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
             return mesh
     return None
+
+
+@contextlib.contextmanager
+def partitioning_mesh(ctx):
+    """Lowers the custom_partitioning calls of a lowering rule (context
+    `ctx`) with a mesh where jit's shardings name none, and says whether
+    they have one.
+
+    custom_partitioning takes its rules' mesh from jit's abstract mesh (an
+    operand or result with a NamedSharding), else from the legacy `with
+    mesh:`; jax.set_mesh gives neither. So jit of arrays that carry no mesh
+    (numpy operands, a bare PartitionSpec constraint, jax.sharding.reshard of
+    an unplaced array) hands the rules an empty Mesh and GSPMD shardings,
+    which name no axis. There the mesh of jax.set_mesh stands in, as `with
+    mesh:` would, when its devices are the lowering's in the same order.
+    Yields False only where the partitioner runs over several devices with
+    no mesh at all."""
+    from jax._src import mesh as mesh_lib
+    from jax._src import sharding_impls
+
+    axis_context = ctx.module_context.axis_context
+    env = mesh_lib.thread_resources.env
+    devices = (axis_context.device_assignment
+               if isinstance(axis_context, sharding_impls.ShardingContext) else None)
+    if (not devices or len(devices) == 1 or axis_context.abstract_mesh is not None
+            or not env.physical_mesh.empty):
+        yield True
+        return
+    mesh = mesh_lib.get_concrete_mesh()
+    if (not isinstance(mesh, jax.sharding.Mesh) or mesh.empty
+            or tuple(mesh.devices.flat) != tuple(devices)):
+        yield False
+        return
+    mesh_lib.thread_resources.env = env.with_mesh(mesh)
+    try:
+        yield True
+    finally:
+        mesh_lib.thread_resources.env = env
 
 
 def shaped_array(shape: tuple, dtype):

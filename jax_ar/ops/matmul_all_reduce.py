@@ -189,9 +189,18 @@ def _lowering(ctx, x, w, *, axis, precision, preferred_element_type, algorithm):
     def call(x, w, after):
         return list(_partitioned(axis, precision, preferred_element_type, algorithm, x, w, after))
 
-    y, done = mlir.lower_fun(call, multiple_results=True)(
-        ctx.replace(avals_in=list(ctx.avals_in) + [scalar], avals_out=[ctx.avals_out[0], scalar]),
-        x, w, after)
+    with _compat.partitioning_mesh(ctx) as has_mesh:
+        if not has_mesh:
+            raise ValueError(
+                f"jax_ar.matmul_all_reduce in plain jit: no mesh names the devices XLA "
+                f"partitions this call over (its operands carry no NamedSharding and no "
+                f"jax.set_mesh mesh is over those devices), so axis {axis!r} cannot be "
+                "found; place x or w with jax.device_put(a, NamedSharding(mesh, spec)) "
+                "or call the jitted function under jax.set_mesh(mesh)")
+        y, done = mlir.lower_fun(call, multiple_results=True)(
+            ctx.replace(avals_in=list(ctx.avals_in) + [scalar],
+                        avals_out=[ctx.avals_out[0], scalar]),
+            x, w, after)
     _call_order.record_call(ctx.replace(avals_out=[scalar]), done)
     return [y]
 

@@ -261,7 +261,9 @@ for _fn, _rule in ((_norm_call, "... h, h -> ... h"),
 
 def _lowering(ctx, *args, eps):
     call = _partitioned[len(args)]
-    return mlir.lower_fun(lambda *a: list(call(eps, *a)), multiple_results=True)(ctx, *args)
+    # Without a mesh (has_mesh False) _shardings computes replicated.
+    with _compat.partitioning_mesh(ctx):
+        return mlir.lower_fun(lambda *a: list(call(eps, *a)), multiple_results=True)(ctx, *args)
 
 
 # custom_partitioning reads the device assignment while lowering: jit must

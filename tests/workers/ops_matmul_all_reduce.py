@@ -1,7 +1,7 @@
 """One rank of the jax_ar.matmul_all_reduce tests.
 Usage: ops_matmul_all_reduce.py [SUITE...]
 
-Suites: shard_map, jit, jit_2d, independent_calls, grad, vmap, fallback,
+Suites: shard_map, jit, jit_2d, jit_unplaced, independent_calls, grad, vmap, fallback,
 bad_input; `before_setup`, alone, runs without jax_ar.setup. The data are
 small integers, so every partial product and sum is exact in every dtype
 and order: results are compared bit for bit with
@@ -151,6 +151,39 @@ def suite_jit_2d(comms):
                   xla_collectives(comms))
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("dp", None)), 2), y.sharding
     log("jit_2d: ok")
+
+
+def suite_jit_unplaced(comms):
+    """Under jax.set_mesh, operands that carry no mesh: numpy arrays, a bare
+    PartitionSpec constraint (reshard where the axes are Explicit) and
+    arrays made inside jit. XLA's partitioner then names no mesh; the call
+    still partitions over the set_mesh mesh and sums with jax_ar's kernel."""
+    rng = np.random.default_rng(SEED + 47)
+    for comm in comms[:2]:
+        mesh = comm.mesh
+        n = mesh.devices.size
+        kind = mesh.axis_types[0]
+        explicit = kind == AxisType.Explicit
+        place = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
+        x = small_integers(rng, (4, 8 * n), np.float32)
+        w = small_integers(rng, (8 * n, 12), np.float32)
+        cases = {
+            "numpy operands": (lambda a, b: jax_ar.matmul_all_reduce(a, b, "tp"), (x, w)),
+            "bare PartitionSpec": (lambda a, b: jax_ar.matmul_all_reduce(
+                place(a, P(None, "tp")), place(b, P("tp", None)), "tp"), (x, w)),
+            "made inside jit": (lambda: jax_ar.matmul_all_reduce(
+                jnp.asarray(x) * 2, jnp.asarray(w), "tp"), ()),
+        }
+        for name, (fn, args) in cases.items():
+            what = f"jit {kind} {name}"
+            with jax.set_mesh(mesh):
+                f = jax.jit(fn)
+                y = f(*args)
+                hlo = f.lower(*args).compile().as_text()
+            scale = 2 if name == "made inside jit" else 1
+            check_shards(y, exact_product(x * scale, w), what)
+            assert "jax_ar_all_reduce" in hlo, f"{what}: no jax_ar all-reduce\n{hlo[-3000:]}"
+    log("jit_unplaced: ok")
 
 
 def suite_independent_calls(comms):

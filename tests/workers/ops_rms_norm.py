@@ -1,16 +1,16 @@
 """One rank of the jax_ar.rms_norm tests. Usage: ops_rms_norm.py [SUITE...]
 
-Suites: values, mixed_dtypes, sharded, shard_map, grad, mixed_grad, vmap,
-bad_input. Values are checked against numpy (residual_out bit for bit, out
-against float64); the derivatives against jax's derivative of the plain jnp
-formula.
+Suites: values, mixed_dtypes, sharded, sharded_unplaced, shard_map, grad,
+mixed_grad, vmap, bad_input. Values are checked against numpy (residual_out
+bit for bit, out against float64); the derivatives against jax's derivative
+of the plain jnp formula.
 """
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_ar
 from common import (assert_equal_nan_aware, expect_error, global_array, local_shards, log,
@@ -221,6 +221,31 @@ def suite_sharded(mesh):
     if n > 1:
         assert "all-gather" not in hlo, "rows sharded: nothing to gather"
     log("sharded: ok")
+
+
+def suite_sharded_unplaced(mesh):
+    """Under jax.set_mesh, numpy operands whose rows a bare PartitionSpec
+    shards inside jit (reshard where the axes are Explicit): XLA's
+    partitioner names no mesh there, yet the rows keep their sharding (no
+    all-gather) and the values are right."""
+    rng = np.random.default_rng(SEED + 13)
+    axes = mesh.axis_names
+    x = random_normal(rng, (4 * mesh.devices.size, 128), FLOAT_DTYPES["bfloat16"])
+    gamma = random_normal(rng, (128,), FLOAT_DTYPES["bfloat16"])
+    want = norm_float64(x, gamma, 1e-6)
+    auto = jax.sharding.Mesh(mesh.devices, axes, axis_types=(AxisType.Auto,) * len(axes))
+    for kind_mesh, place in ((mesh, jax.sharding.reshard),
+                             (auto, jax.lax.with_sharding_constraint)):
+        what = f"unplaced {kind_mesh.axis_types[0]}"
+        with jax.set_mesh(kind_mesh):
+            f = jax.jit(lambda a, c: jax_ar.rms_norm(place(a, P(axes)), c))
+            out = f(x, gamma)
+            hlo = f.lower(x, gamma).compile().as_text()
+        for device, index, data in local_shards(out):
+            assert_norm_close(data, want[index], f"{what} on {device}")
+        if mesh.devices.size > 1:
+            assert "all-gather" not in hlo, f"{what}: rows gathered\n{hlo[-2000:]}"
+    log("sharded_unplaced: ok")
 
 
 def suite_shard_map(mesh):
