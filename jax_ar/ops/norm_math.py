@@ -45,7 +45,9 @@ def normalize(v, eps):
     by a power of two s first, which changes no bit of the quotient:
     (v s) rsqrt(mean((v s)^2) + eps s^2) = v rsqrt(mean(v^2) + eps). Other
     rows take the plain formula."""
-    largest = jnp.max(jnp.abs(v), axis=-1, keepdims=True)
+    # initial=0: a row of no elements (hidden size 0) has largest 0 and an
+    # empty result, as jnp's formula gives, where max would have no identity.
+    largest = jnp.max(jnp.abs(v), axis=-1, keepdims=True, initial=0.0)
     exponent = jnp.where(jnp.isfinite(largest) & (largest > 2.0**50),
                          jnp.frexp(largest)[1] - 2, 0)
     scale = jnp.ldexp(jnp.ones_like(largest), -exponent)  # >= 2^-126: no subnormal

@@ -53,7 +53,7 @@ def run(fz):
     rng = np.random.default_rng(7)
     data = fz.data
     for dtype in DTYPES:
-        for shape in [(16,), (4, 16), (2, 3, 32), (0, 16), (5, 1)]:
+        for shape in [(16,), (4, 16), (2, 3, 32), (0, 16), (4, 0), (5, 1)]:
             for with_residual in (False, True):
                 special = shape == (4, 16)
                 x = data(rng, shape, dtype, special=special)
@@ -81,7 +81,7 @@ def run(fz):
 
     algorithms = ("auto", "oneshot", "twoshot") + (() if ON_GPU else ("psum",))
     for dtype in DTYPES:
-        for tokens, hidden in [(2, 64), (1, 8), (3, 1000), (0, 64)]:
+        for tokens, hidden in [(2, 64), (1, 8), (3, 1000), (0, 64), (2, 0)]:
             for algorithm in algorithms:
                 for scale in (None, 0.5):
                     special = (tokens, hidden) == (2, 64) and algorithm == "oneshot"
