@@ -11,9 +11,13 @@ bench's (jax_ar/tools/bench_rank.py); the time of a sample is the slowest
 rank's. Run as ranks of the launcher:
 
     python -m jax_ar launch -n 2 --platform cpu benchmarks/interleaved.py \
-        --mode all_reduce --bytes 1K,2K,4K --rounds 8 --json ab.jsonl
+        --mode all_reduce --bytes 1K,2K,...,1M --rounds 8 --json ab.jsonl
     python -m jax_ar launch -n 2 --platform cpu benchmarks/interleaved.py \
         --mode rms_norm --dtype bfloat16 --bytes 8K,64K --rounds 8 --json ab.jsonl
+
+--bytes is a comma list of sizes (K, M, G binary); "A,...,B" (or
+"A,2A,...,B") runs from A to B, doubling (or multiplying by the step the
+two sizes before "..." give).
 
 all_reduce compares oneshot, twoshot and psum (sum); rms_norm compares the
 paths all_reduce_rms_norm(algorithm="auto") chooses among: fused_oneshot,
@@ -38,6 +42,35 @@ from jax_ar.tools import bench_rank
 from jax_ar.tools.sweep import parse_size
 from jax_ar.tools.timing import calibrate, gather, launches_for
 
+def parse_sizes(text: str) -> list[int]:
+    """'1K,16K' -> [1024, 16384]; '1K,...,8K' -> 1K, 2K, 4K, 8K; '1K,4K,...,64K'
+    steps by 4 (the ratio of the two sizes before '...')."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    sizes = []
+    for i, item in enumerate(items):
+        if item != "...":
+            sizes.append(parse_size(item))
+            continue
+        if not sizes or i + 1 >= len(items) or items[i + 1] == "...":
+            raise ValueError(f"--bytes {text!r}: '...' goes between two sizes")
+        factor = sizes[-1] // sizes[-2] if len(sizes) >= 2 else 2
+        end = parse_size(items[i + 1])
+        if len(sizes) >= 2 and sizes[-1] != sizes[-2] * factor or factor < 2:
+            raise ValueError(f"--bytes {text!r}: the two sizes before '...' must grow by a "
+                             "whole factor of 2 or more")
+        start = sizes[-1]
+        size = start * factor
+        while size < end:
+            sizes.append(size)
+            size *= factor
+        if size != end:
+            raise ValueError(f"--bytes {text!r}: {items[i + 1]} is not {start} bytes times a "
+                             f"power of {factor}")
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--bytes {text!r}: give sizes of 1 byte or more")
+    return sizes
+
+
 CANDIDATES = {"all_reduce": ("oneshot", "twoshot", "psum"),
               "rms_norm": ("fused_oneshot", "fused_twoshot", "all_reduce+rms_norm",
                            "psum+norm")}
@@ -47,20 +80,25 @@ ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=tuple(CANDIDATES), default="all_reduce")
-    p.add_argument("--bytes", default="1K,16K,256K", help="sizes per rank, comma-separated")
+    p.add_argument("--bytes", default="1K,16K,256K",
+                   help="sizes per rank, comma-separated; A,...,B doubles from A to B")
     p.add_argument("--dtype", choices=tuple(ITEMSIZE), default="float32")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--iters", type=int, default=10, help="calls chained per program")
     p.add_argument("--min-sample-ms", type=float, default=20.0)
     p.add_argument("--json", default=None, help="file to append results to (rank 0)")
     ns = p.parse_args()
+    try:
+        sizes = parse_sizes(ns.bytes)
+    except ValueError as e:
+        p.error(str(e))
     config = dict(iters=ns.iters, eps=1e-6, seed=0, check=True, run_id="interleaved",
                   warmup=1, launches=2, min_sample_s=ns.min_sample_ms / 1e3,
                   workspace_bytes=None)
     runner = bench_rank.Runner(config)
     candidates = CANDIDATES[ns.mode]
     leader = jax.process_index() == 0
-    for nbytes in (parse_size(b) for b in ns.bytes.split(",")):
+    for nbytes in sizes:
         count = nbytes // ITEMSIZE[ns.dtype]
         programs = {}
         for name in candidates:
@@ -70,7 +108,7 @@ def main():
                 hidden = min(4096, count)
                 case.update(hidden=hidden, tokens=count // hidden)
             program, args, chain, check = runner._prepare(case)
-            compiled = runner._compile(program, args, name, chain)
+            compiled, _ = runner._compile(program, args, name, chain)  # (program, targets)
             run = (lambda c, a: lambda: c(*a))(compiled, args)
             out = run()
             wrong = check(out)

@@ -397,3 +397,42 @@ def test_every_option_has_help(command):
     parser = module.build_parser()
     missing = [a.dest for a in parser._actions if not a.help]
     assert not missing, f"{command}: no help for {missing}"
+
+
+def test_interleaved_benchmark_runs_as_the_docs_say(tmp_path):
+    """benchmarks/interleaved.py, briefly, and interleaved_table.py on what
+    it wrote; the docs' form of --bytes (1K,2K,...,1M) is what it takes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+        import interleaved
+    finally:
+        sys.path.pop(0)
+    assert interleaved.parse_sizes("1K,2K,...,1M") == [1024 << k for k in range(11)]
+    assert interleaved.parse_sizes("2M,4M,...,64M") == [2 << 20 << k for k in range(6)]
+    assert interleaved.parse_sizes("1K,...,4K") == [1024, 2048, 4096]
+    for bad in ("1K,...,3K", "...,1K", "1K,..."):
+        with pytest.raises(ValueError):
+            interleaved.parse_sizes(bad)
+    docs = open(os.path.join(root, "docs", "benchmarks.md")).read()
+    for sizes in re.findall(r"benchmarks/interleaved\.py[^`]*?--bytes (\S+)", docs):
+        assert interleaved.parse_sizes(sizes), sizes
+    jsonl = tmp_path / "ab.jsonl"
+    env = dict(os.environ, JAX_AR_TIMEOUT_S="60")
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-n", "2", *PLATFORM,
+                           os.path.join(root, "benchmarks", "interleaved.py"),
+                           "--bytes", "1K,...,2K", "--rounds", "2", "--iters", "2",
+                           "--min-sample-ms", "1", "--json", str(jsonl)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [json.loads(line)["bytes"] for line in jsonl.read_text().splitlines()] == [1024, 2048]
+    table = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
+                                                         "interleaved_table.py"),
+                            str(jsonl), "--ranks", "2"], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == ("| size per rank | dtype | rounds | oneshot us | twoshot us | psum us | "
+                        "fastest by median | next / fastest | rounds won | auto picks |")
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| 1K", "| 2K"]
+    assert lines[0] in docs  # the docs' tables have these columns
