@@ -399,6 +399,150 @@ def test_every_option_has_help(command):
     assert not missing, f"{command}: no help for {missing}"
 
 
+# --- bad input, stops and failures: what is measured is never lost ----------
+
+MACHINE = {"platform": "cpu", "device_kind": "cpu", "world_size": 2, "processes": 2,
+           "cpu": "x", "cpu_count": 2, "host": "h", "jax": "0", "jax_ar": VERSION,
+           "workspace_bytes": 8 << 20, "capacity_bytes": {"oneshot": 2 << 20, "twoshot": 2 << 20},
+           "serves_calls": True, "fallback_reason": None, "load_average": [1.0, 1.0, 1.0]}
+
+
+def _row(algorithm, nbytes, us, dtype="float32", op="sum", samples=3, **extra):
+    itemsize = data.DTYPES[dtype].itemsize
+    row = {"dtype": dtype, "op": op, "count": nbytes // itemsize, "bytes": nbytes,
+           "algorithm": algorithm, "chain": 10, "launches": 2, "status": "ok", "wrong": 0,
+           "time_us": us, "time_us_ranks": [us, us], "samples": [us] * samples}
+    row.update(extra)
+    return row
+
+
+def _bench_raw(samples=3):
+    results = [_row(a, b, us, samples=samples) for b in (1024, 2048)
+               for a, us in (("oneshot", 5.0), ("twoshot", 6.0), ("psum", 50.0))]
+    return {"machine": dict(MACHINE), "results": results, "elapsed_s": 1.0,
+            "selection": {"table": "defaults", "picks": {"1024": "oneshot", "2048": "oneshot"}}}
+
+
+def _tune_raw():
+    results = []
+    for algorithm, slope in (("oneshot", 2.0), ("twoshot", 1.0), ("psum", 0.5)):
+        results += [_row(algorithm, b, 5 + slope * b / 1024) for b in (1024, 2048, 4096, 8192)]
+    for variant in ("fused_oneshot", "fused_twoshot", "all_reduce+rms_norm"):
+        results += [_row(variant, b, 20 + b / 1024, dtype="bfloat16", op="rms_norm",
+                         hidden=4096, tokens=b // 8192) for b in (8192, 16384)]
+    return {"machine": dict(MACHINE), "results": results, "elapsed_s": 1.0,
+            "selection": {"table": "defaults", "picks": {}}}
+
+
+def _fake_sweep(monkeypatch, module, raw=None, error=None, seen=None):
+    """Replaces the ranks: run_sweep returns `raw` (or raises `error`) and
+    records its arguments in `seen`; with neither, a call fails the test."""
+    def run_sweep(config, ranks, platform, timeout_s, progress_label="bench", env=None):
+        if seen is not None:
+            seen.update(config=config, env=env)
+        if error is not None:
+            raise error
+        assert raw is not None, "no rank may start"
+        return json.loads(json.dumps(raw))
+
+    monkeypatch.setattr(module.sweep, "run_sweep", run_sweep)
+
+
+def _usage_error(main, args, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_sweep_at_its_timeout_exits_124_keeps_finished_groups_and_shows_no_empty_logs(
+        tmp_path, monkeypatch):
+    from jax_ar.tools import sweep as _sweep
+    from jax_ar.tools.relay import LaunchResult
+
+    def launch(script, args, **kwargs):
+        with open(args[0]) as f:
+            config = json.load(f)
+        with open(config["partial_out"], "w") as f:
+            f.write(json.dumps({"machine": MACHINE, "table": "defaults"}) + "\n")
+            f.write(json.dumps({"results": _bench_raw()["results"][:3],
+                                "picks": {"1024": "oneshot"}}) + "\n")
+            f.write('{"results": [')  # a line cut short by the kill: not read
+        return LaunchResult([None, None], ["@@progress 0 6 1024 float32 sum x\n", ""], True)
+
+    monkeypatch.setattr(_sweep.launch, "launch", launch)
+    config = {"cases": [{}] * 6}
+    with pytest.raises(_sweep.SweepError) as info:
+        _sweep.run_sweep(config, 2, "cpu", 5.0)
+    error = info.value
+    assert error.exit_code == 124
+    assert str(error) == ("jax_ar bench: stopped at --timeout 5 s (the sweep was not done): "
+                          "ranks 0, 1 killed at the deadline")
+    assert error.partial["partial"] == {"cases_done": 3, "cases_planned": 6}
+    assert error.partial["selection"] == {"table": "defaults", "picks": {"1024": "oneshot"}}
+
+
+def _sweep_config():
+    """bench's config of 2 sizes (groups) of oneshot and twoshot: 4 cases."""
+    from jax_ar.tools import bench, sweep as _sweep
+
+    ns = bench.build_parser().parse_args(["-e", "2K", "-a", "oneshot,twoshot", "--repeats", "1",
+                                          "--min-sample-ms", "0", "-n", "1", "-w", "0"])
+    config = bench.plan(ns, *_sweep.resolve_platform(PLATFORM[1]))
+    config.pop("ranks")
+    return config
+
+
+def test_a_case_one_rank_cannot_set_up_is_a_row_and_no_rank_waits_for_it(monkeypatch):
+    """Rank 1 cannot make case 1's data: every rank marks the row failed,
+    saying why, before any launches it, and the sweep goes on."""
+    from jax_ar.tools import sweep as _sweep
+
+    monkeypatch.setattr(_sweep, "RANK_SCRIPT", os.path.join(
+        os.path.dirname(__file__), "workers", "bench_rank_faults.py"))
+    raw = _sweep.run_sweep(_sweep_config(), 2, "gpu" if ON_GPU else "cpu", 120,
+                           env={"JAX_AR_TEST_FAULT": "prepare_fails:1"})
+    results = raw["results"]
+    assert [(r["bytes"], r["algorithm"]) for r in results] == [
+        (1024, "oneshot"), (1024, "twoshot"), (2048, "oneshot"), (2048, "twoshot")]
+    assert results[1]["status"] == ("failed: setting up the data: MemoryError: injected: rank 1 "
+                                    "cannot hold case 1"), results[1]
+    assert results[1]["time_us"] is None
+    for r in results[:1] + results[2:]:
+        assert r["status"] == "ok" and r["time_us"] > 0 and r["wrong"] == 0, r
+
+
+def test_a_rank_that_fails_mid_sweep_keeps_the_groups_before(monkeypatch):
+    from jax_ar.tools import sweep as _sweep
+
+    monkeypatch.setattr(_sweep, "RANK_SCRIPT", os.path.join(
+        os.path.dirname(__file__), "workers", "bench_rank_faults.py"))
+    with pytest.raises(_sweep.SweepError) as info:
+        _sweep.run_sweep(_sweep_config(), 2, "gpu" if ON_GPU else "cpu", 120,
+                         env={"JAX_AR_TEST_FAULT": "group_raises:1"})
+    error = info.value
+    assert error.exit_code == 1 and "rank 1 failed" in str(error)
+    assert "injected: rank 1 fails in size group 1" in str(error)
+    assert error.partial["partial"] == {"cases_done": 2, "cases_planned": 4}
+    assert [r["bytes"] for r in error.partial["results"]] == [1024] * 2
+    assert all(r["status"] == "ok" for r in error.partial["results"])
+
+
+def test_a_setting_the_ranks_reject_at_setup_is_one_line_exit_2():
+    """What the host cannot check up front (a GPU's cached table: the file
+    is named after the device kind only the ranks know) is one line too."""
+    from jax_ar.tools import sweep as _sweep
+
+    with pytest.raises(_sweep.SweepError) as info:
+        _sweep.run_sweep(_sweep_config(), 2, "gpu" if ON_GPU else "cpu", 120,
+                         env={"JAX_AR_ALGO": "bogus"})
+    assert info.value.exit_code == 2 and info.value.partial is None
+    assert str(info.value) == ("jax_ar bench: jax_ar: JAX_AR_ALGO must be one of ('auto', "
+                               "'oneshot', 'twoshot', 'psum'), got 'bogus'")
+
+
 def test_interleaved_benchmark_runs_as_the_docs_say(tmp_path):
     """benchmarks/interleaved.py, briefly, and interleaved_table.py on what
     it wrote; the docs' form of --bytes (1K,2K,...,1M) is what it takes."""

@@ -5,6 +5,16 @@ same cases in the same order; rank 0 prints progress lines ("@@progress i N
 what") and writes the combined results to config["out"]. Each result is the
 slowest rank's median time per call and the sum over ranks of elements that
 differ from the host reference.
+
+The ranks combine each size group's results as it ends, and rank 0 appends
+them to config["partial_out"] (JSON lines, after one with the machine), so
+that a sweep stopped half way (a signal, --timeout, a rank that died) keeps
+the groups it finished. A case that cannot be set up (its data do not fit
+in memory, XLA does not compile it) becomes a row saying why: the ranks
+agree on that through the key-value store before any of them launches the
+case, so none waits for a peer that gave it up. A setting every rank
+rejects at setup (the table, JAX_AR_ALGO, ...) is one "@@error" line and
+exit code 2.
 """
 from __future__ import annotations
 
@@ -155,8 +165,14 @@ class Runner:
                 result["samples"] += sample
         for result, (_, chain, launches, check) in timed:
             result.update(chain=chain, launches=launches,
-                          time_us=statistics.median(result["samples"]),
-                          wrong=check(outputs[id(result)]) if cfg.get("check", True) else None)
+                          time_us=statistics.median(result["samples"]))
+            if not cfg.get("check", True):
+                result["wrong"] = None
+                continue
+            try:  # on the host, in this rank alone: no peer waits for it
+                result["wrong"] = check(outputs[id(result)])
+            except Exception as e:
+                result.update(wrong=None, status=f"failed: checking the result: {_one_line(e)}")
         return [result for result, _ in prepared]
 
     def _prepare_timing(self, case):
@@ -179,15 +195,28 @@ class Runner:
             # The kernel that runs (on CUDA "twoshot" is its LL or plain kernel).
             result["kernel"] = selection.choose_kernel(self.comm, algorithm,
                                                        _packed(result["bytes"]))
-        program, args, chain, check = self._prepare(result)
+        # Data and compilation happen in each rank alone and may fail in some
+        # (memory): the ranks agree on the outcome before any launches the
+        # case, so that none waits in a collective for a peer that gave up.
+        error, stage = None, "data"
         try:
+            program, args, chain, check = self._prepare(result)
+            stage = "compile"
             compiled, targets = self._compile(program, args, algorithm, chain)
         except Exception as e:
-            if algorithm not in ("psum", "xla_oneshot"):
-                raise
-            # XLA's own collectives may be unavailable here (an unknown
-            # option, no collectives implementation): report, do not fail.
-            result["status"] = f"n/a: {str(e).splitlines()[0][:160]}"
+            error = (stage, _one_line(e))
+            program = args = None  # the arrays go now, not at the next case
+        errors = [e for e in gather(cfg["run_id"], f"prepare/{case['index']}", error,
+                                    cfg.get("gather_timeout_s", 300)) if e]
+        if errors:
+            stage, text = errors[0]
+            if stage == "compile" and algorithm in ("psum", "xla_oneshot"):
+                # XLA's own collectives may be unavailable here (an unknown
+                # option, no collectives implementation): report, do not fail.
+                result["status"] = f"n/a: {text[:160]}"
+            else:
+                doing = "setting up the data" if stage == "data" else "compiling"
+                result["status"] = f"failed: {doing}: {text[:200]}"
             return result, None
         if case["op"] == "rms_norm" and algorithm in NORM_VARIANT_PATH:
             ran = _norm_path(targets)
@@ -252,11 +281,14 @@ class Runner:
                 picks[str(nbytes)] = ("psum" if not self.comm.serves_calls else
                                       selection.choose_kernel(self.comm, override or "auto",
                                                               _packed(nbytes)))
+        return {"table": self.table_source(), "picks": picks}
+
+    def table_source(self) -> str:
+        """Where the table that algorithm="auto" reads here comes from."""
         try:
-            table = selection.table_for(self.comm.platform, self.device_kind, self.world).source
+            return selection.table_for(self.comm.platform, self.device_kind, self.world).source
         except selection.TableError as e:
-            table = f"none ({e})"
-        return {"table": table, "picks": picks}
+            return f"none ({e})"
 
     def _norm_variant_of_auto(self, case) -> str:
         """Which variant all_reduce_rms_norm(algorithm="auto") runs for this
@@ -328,6 +360,13 @@ def _same_message_groups(cases):
     return groups
 
 
+def _one_line(error: BaseException) -> str:
+    """An exception as one line: its type and the first line of its text."""
+    name = type(error).__name__.lstrip("_")
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{name}: {text}" if text else name
+
+
 def _packed(nbytes: int) -> int:
     """What one array of `nbytes` takes in a call: whole 16-byte vectors."""
     return -(-nbytes // 16) * 16
@@ -354,37 +393,66 @@ def _cpu_model() -> str:
 def main(argv) -> None:
     with open(argv[0]) as f:
         config = json.load(f)
-    runner = Runner(config)
+    try:
+        runner = Runner(config)
+    except (selection.TableError, ValueError) as e:
+        # The environment (JAX_AR_TABLE, JAX_AR_ALGO, JAX_AR_TIMEOUT_S) or an
+        # option that jax_ar.setup rejects, alike in every rank: one line.
+        print(f"@@error {str(e).strip().splitlines()[0]}", flush=True)
+        sys.exit(2)
     leader = jax.process_index() == 0
     cases = config["cases"]
-    results = []
+    partial = config.get("partial_out") if leader else None
+    if partial:
+        _append_line(partial, {"machine": runner.machine(), "table": runner.table_source()})
+    results, picks = [], {}
     start = time.monotonic()
-    for group in _same_message_groups(cases):
+    timeout = config.get("gather_timeout_s", 300)
+    for g, group in enumerate(_same_message_groups(cases)):
         if leader:
             i, case = group[0]
             size = f"{case['at_capacity']}-round" if case.get("at_capacity") else case["bytes"]
             what = ",".join(c["algorithm"] for _, c in group)
             print(f"@@progress {i} {len(cases)} {size} {case['dtype']} {case['op']} {what}",
                   flush=True)
-        results += runner.run_group([dict(case, index=i) for i, case in group])
+        mine = runner.run_group([dict(case, index=i) for i, case in group])
+        everyone = gather(config["run_id"], f"results/{g}",
+                          [[r["time_us"], r["wrong"], r["status"]] for r in mine], timeout)
+        _combine(mine, everyone)
+        results += mine
+        if leader:
+            group_picks = runner.auto_picks(mine)["picks"]
+            picks.update(group_picks)
+            if partial:
+                _append_line(partial, {"results": mine, "picks": group_picks})
     if leader:
         print(f"@@progress {len(cases)} {len(cases)} done", flush=True)
-    mine = [[r["time_us"], r["wrong"]] for r in results]
-    everyone = gather(config["run_id"], "results", mine, config.get("gather_timeout_s", 300))
-    for i, r in enumerate(results):
-        times = [per_rank[i][0] for per_rank in everyone]
-        r["time_us_ranks"] = times
-        r["time_us"] = max(times) if r["status"] == "ok" else None
-        wrong = [per_rank[i][1] for per_rank in everyone]
-        r["wrong"] = None if None in wrong else sum(wrong)  # None: not checked (-c 0)
-    if leader:
         doc = {"machine": runner.machine(), "results": results,
-               "selection": runner.auto_picks(results),
+               "selection": {"table": runner.table_source(), "picks": picks},
                "elapsed_s": time.monotonic() - start}
         tmp = config["out"] + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f)
         os.replace(tmp, config["out"])
+
+
+def _combine(results, everyone) -> None:
+    """Each result as all ranks saw it: the slowest rank's time, the wrong
+    elements summed, and a rank's failure (its check) for all of them."""
+    for i, r in enumerate(results):
+        times = [per_rank[i][0] for per_rank in everyone]
+        failed = next((per_rank[i][2] for per_rank in everyone if per_rank[i][2] != "ok"), None)
+        if failed is not None:
+            r["status"] = failed
+        r["time_us_ranks"] = times
+        r["time_us"] = max(times) if r["status"] == "ok" else None
+        wrong = [per_rank[i][1] for per_rank in everyone]
+        r["wrong"] = None if None in wrong else sum(wrong)  # None: not checked (-c 0)
+
+
+def _append_line(path: str, value) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(value) + "\n")
 
 
 if __name__ == "__main__":

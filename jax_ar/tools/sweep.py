@@ -17,9 +17,9 @@ import uuid
 from ..comm.communicator import MAX_WORKSPACE_BYTES, MIN_WORKSPACE_BYTES
 from . import launch
 
-__all__ = ["SweepError", "SweepStopped", "add_common_options", "common_config", "default_ranks", "format_size",
-           "mps_running", "parse_size", "resolve_platform", "run_sweep", "shared_gpu_reason",
-           "size_list"]
+__all__ = ["SweepError", "SweepStopped", "add_common_options", "common_config", "default_ranks",
+           "format_size", "mps_running", "parse_size", "read_partial", "resolve_platform",
+           "run_sweep", "shared_gpu_reason", "size_list", "stop_reason"]
 
 RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_rank.py")
 
@@ -43,16 +43,23 @@ NOISY_SPREAD = 0.15
 
 
 class SweepError(RuntimeError):
-    pass
+    """The sweep did not finish. `exit_code`: what the command exits with
+    (launch's: 124 at --timeout, 2 for a setting every rank rejected, ...);
+    `partial`: the results doc of the size groups that finished before
+    (run_sweep's, with "partial" set), or None when none did."""
+
+    def __init__(self, text: str, exit_code: int = 1, partial: dict | None = None):
+        super().__init__(text)
+        self.exit_code = exit_code
+        self.partial = partial
 
 
 class SweepStopped(SweepError):
     """A signal (SIGTERM, SIGHUP, SIGINT) stopped the sweep's ranks."""
 
-    def __init__(self, signum: int, text: str):
-        super().__init__(text)
+    def __init__(self, signum: int, text: str, partial: dict | None = None):
+        super().__init__(text, 128 + signum, partial)
         self.signum = signum
-        self.exit_code = 128 + signum
 
 
 def add_common_options(p, max_bytes_help: str) -> None:
@@ -175,15 +182,19 @@ def mps_running() -> bool:
 
 
 def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
-              progress_label: str = "bench") -> dict:
-    """Runs config["cases"] in `ranks` ranks; returns rank 0's results doc."""
+              progress_label: str = "bench", env: dict | None = None) -> dict:
+    """Runs config["cases"] in `ranks` ranks; returns rank 0's results doc.
+    `env`: variables set for the ranks on top of this process's. Raises
+    SweepError (SweepStopped for a signal) when they did not finish; its
+    `partial` holds the size groups that did."""
     with tempfile.TemporaryDirectory(prefix="jax_ar_sweep_") as tmp:
-        config = dict(config, out=os.path.join(tmp, "results.json"), run_id=uuid.uuid4().hex)
+        config = dict(config, out=os.path.join(tmp, "results.json"),
+                      partial_out=os.path.join(tmp, "partial.jsonl"), run_id=uuid.uuid4().hex)
         config_path = os.path.join(tmp, "config.json")
         with open(config_path, "w") as f:
             json.dump(config, f)
         log_dir = os.path.join(tmp, "logs")
-        env = dict(os.environ)
+        env = dict(os.environ, **(env or {}))
         env.setdefault("JAX_AR_TIMEOUT_S", "60")
         box = {}
 
@@ -207,11 +218,44 @@ def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
             raise box["error"]
         result = box["result"]
         if result.signal is not None:
-            raise SweepStopped(result.signal, f"jax_ar {progress_label}: {result.summary()}")
+            raise SweepStopped(result.signal, f"jax_ar {progress_label}: {result.summary()}",
+                               read_partial(config["partial_out"], len(config["cases"])))
         if not result.ok or not os.path.exists(config["out"]):
-            raise SweepError(_failure_text(result))
+            errors = _rank_errors(result)
+            if errors:  # a setting every rank rejected: its message, once
+                raise SweepError("\n".join(f"jax_ar {progress_label}: {e}" for e in errors), 2)
+            raise SweepError(_failure_text(result, progress_label, timeout_s),
+                             result.exit_code if not result.ok else 1,
+                             read_partial(config["partial_out"], len(config["cases"])))
         with open(config["out"]) as f:
             return json.load(f)
+
+
+def stop_reason(error: SweepError, label: str) -> str:
+    """Why a sweep stopped, in a few words: the first line of `error`
+    without its "jax_ar LABEL: " prefix."""
+    line = str(error).splitlines()[0] if str(error) else "stopped"
+    prefix = f"jax_ar {label}: "
+    return line[len(prefix):] if line.startswith(prefix) else line
+
+
+def read_partial(path: str, planned: int) -> dict | None:
+    """The results doc of the size groups the ranks finished (rank 0 appends
+    them to `path` as JSON lines, after a first line with the machine and
+    the table), marked partial; None when no group finished."""
+    try:
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.endswith("\n")]
+    except (OSError, ValueError):
+        return None
+    if len(lines) < 2:
+        return None
+    head, groups = lines[0], lines[1:]
+    results = [r for g in groups for r in g["results"]]
+    picks = {k: v for g in groups for k, v in g["picks"].items()}
+    return {"machine": head["machine"], "results": results,
+            "selection": {"table": head["table"], "picks": picks}, "elapsed_s": None,
+            "partial": {"cases_done": len(results), "cases_planned": planned}}
 
 
 def _show_progress(thread, log_path: str, label: str) -> None:
@@ -255,10 +299,29 @@ def _progress_text(label: str, line: str) -> str:
     return f"jax_ar {label}: [{done}/{total}] {what}"
 
 
-def _failure_text(result) -> str:
-    parts = [f"jax_ar: the benchmark ranks failed: {result.summary()}"]
-    for rank, log in enumerate(result.logs):
-        lines = [l for l in log.splitlines() if not l.startswith("@@progress ")]
-        parts.append(f"----- rank {rank} (exit code {result.returncodes[rank]}), last lines "
-                     f"-----\n" + "\n".join(lines[-40:]))
+def _rank_errors(result) -> list[str]:
+    """The "@@error" lines of ranks that stopped on a setting every rank
+    rejects (bench_rank: the table, JAX_AR_ALGO, ...), each message once;
+    [] unless every failed rank printed one."""
+    failed = [rank for rank, _ in result.failures]
+    found = {rank: [line[len("@@error "):] for line in result.logs[rank].splitlines()
+                    if line.startswith("@@error ")] for rank in failed}
+    if not failed or not all(found.values()):
+        return []
+    return list(dict.fromkeys(m for messages in found.values() for m in messages))
+
+
+def _failure_text(result, label: str = "bench", timeout_s: float | None = None) -> str:
+    """What went wrong, and the last lines of each failed rank (none of a
+    rank killed at the deadline or after another failed: they did not fail
+    on their own)."""
+    if result.timed_out and not result.failures:
+        return (f"jax_ar {label}: stopped at --timeout {timeout_s:g} s (the sweep was not done): "
+                f"{result.summary()}")
+    parts = [f"jax_ar {label}: the benchmark ranks failed: {result.summary()}"]
+    for rank, _ in result.failures:
+        lines = [l for l in result.logs[rank].splitlines() if not l.startswith("@@")]
+        if lines:
+            parts.append(f"----- rank {rank} (exit code {result.returncodes[rank]}), last "
+                         "lines -----\n" + "\n".join(lines[-40:]))
     return "\n".join(parts)
