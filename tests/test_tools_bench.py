@@ -457,6 +457,108 @@ def _usage_error(main, args, capsys) -> str:
     return err.strip().splitlines()[-1]
 
 
+def test_bench_writes_its_files_before_the_table_and_a_closed_stdout_loses_nothing(
+        tmp_path, monkeypatch):
+    """`bench ... | head -2`: the reader is gone before the table is printed;
+    bench.json is written all the same, and there is no BrokenPipeError."""
+    from jax_ar.tools import bench
+
+    _fake_sweep(monkeypatch, bench, raw=_bench_raw())
+    read, write = os.pipe()
+    os.close(read)
+    broken = os.fdopen(write, "w", buffering=1)  # each line written at once, as to a pipe
+    monkeypatch.setattr(sys, "stdout", broken)
+    try:
+        rc = bench.main(["--platform", "cpu", "-e", "2K", "--no-plot",
+                         "--out-dir", str(tmp_path / "out")])
+    finally:
+        monkeypatch.undo()
+        try:
+            broken.close()
+        except OSError:
+            pass
+    assert rc == 0
+    doc = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert len(doc["results"]) == 6 and "partial" not in doc
+
+
+@pytest.mark.parametrize("where,message", [
+    ("file", "exists and is not a folder"),
+    ("file/below", "cannot write there"),
+])
+def test_bench_out_dir_that_cannot_be_made_is_a_usage_error_before_any_rank(
+        tmp_path, monkeypatch, capsys, where, message):
+    from jax_ar.tools import bench
+
+    (tmp_path / "file").write_text("")
+    _fake_sweep(monkeypatch, bench)
+    line = _usage_error(bench.main, ["--platform", "cpu", "-e", "1K",
+                                     "--out-dir", str(tmp_path / where)], capsys)
+    assert f"--out-dir {tmp_path / where}" in line and message in line, line
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"JAX_AR_ALGO": "bogus"}, "JAX_AR_ALGO must be one of"),
+    ({"JAX_AR_TIMEOUT_S": "abc"}, "JAX_AR_TIMEOUT_S must be a number of seconds, got 'abc'"),
+    ({"JAX_AR_TABLE": "/nonexistent/table.json"}, "table.json does not exist"),
+    ({"JAX_AR_TABLE": None}, "table-cpu-cpu-n2.json cannot be read as JSON"),
+])
+def test_bench_settings_every_rank_would_reject_are_one_line_before_any_rank(
+        tmp_path, monkeypatch, capsys, env, message):
+    """JAX_AR_ALGO, JAX_AR_TIMEOUT_S and the table (JAX_AR_TABLE's file, or
+    the tuned file in the cache, here not JSON): exit 2 and one line."""
+    from jax_ar.tools import bench
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "jax_ar").mkdir()
+    (tmp_path / "jax_ar" / "table-cpu-cpu-n2.json").write_text("not json")
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    _fake_sweep(monkeypatch, bench)
+    line = _usage_error(bench.main, ["--platform", "cpu", "-e", "1K", "--out-dir",
+                                     str(tmp_path / "out")], capsys)
+    assert message in line, line
+    assert not (tmp_path / "out").exists()
+    # JAX_AR_TABLE=default: the shipped table, whatever the cache holds.
+    monkeypatch.setenv("JAX_AR_TABLE", "default")
+    monkeypatch.delenv("JAX_AR_ALGO", raising=False)
+    monkeypatch.delenv("JAX_AR_TIMEOUT_S", raising=False)
+    _fake_sweep(monkeypatch, bench, raw=_bench_raw())
+    assert bench.main(["--platform", "cpu", "-e", "2K", "--no-plot", "--out-dir",
+                       str(tmp_path / "out")]) == 0
+
+
+def test_bench_stopped_half_way_writes_what_it_finished_marked_partial(tmp_path, monkeypatch,
+                                                                       capsys):
+    """--timeout (exit 124, as launch), a signal or a rank that died: the
+    size groups that finished are in bench.json and the table, marked."""
+    from jax_ar.tools import bench, sweep as _sweep
+
+    raw = _bench_raw()
+    raw["results"] = raw["results"][:3]
+    raw.update(elapsed_s=None, partial={"cases_done": 3, "cases_planned": 6})
+    error = _sweep.SweepError("jax_ar bench: stopped at --timeout 5 s (the sweep was not done): "
+                              "ranks 0, 1 killed at the deadline", 124, raw)
+    _fake_sweep(monkeypatch, bench, error=error)
+    rc = bench.main(["--platform", "cpu", "-e", "2K", "--no-plot", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 124
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["partial"] == {"cases_done": 3, "cases_planned": 6, "reason": (
+        "stopped at --timeout 5 s (the sweep was not done): ranks 0, 1 killed at the deadline")}
+    assert len(doc["results"]) == 3
+    assert "# PARTIAL: stopped at --timeout 5 s" in out and "3 of 6 cases" in out, out
+    assert f"# wrote {tmp_path / 'bench.json'}" in out
+    # Nothing finished: nothing to write, and the new folder goes again.
+    _fake_sweep(monkeypatch, bench, error=_sweep.SweepStopped(2, "jax_ar bench: stopped"))
+    assert bench.main(["--platform", "cpu", "-e", "2K", "--out-dir",
+                       str(tmp_path / "new")]) == 130
+    assert not (tmp_path / "new").exists()
+
+
 def test_sweep_at_its_timeout_exits_124_keeps_finished_groups_and_shows_no_empty_logs(
         tmp_path, monkeypatch):
     from jax_ar.tools import sweep as _sweep
@@ -541,6 +643,34 @@ def test_a_setting_the_ranks_reject_at_setup_is_one_line_exit_2():
     assert info.value.exit_code == 2 and info.value.partial is None
     assert str(info.value) == ("jax_ar bench: jax_ar: JAX_AR_ALGO must be one of ('auto', "
                                "'oneshot', 'twoshot', 'psum'), got 'bogus'")
+
+
+@pytest.mark.skipif(ON_GPU, reason="CUDA reserves more address space than the limit leaves")
+def test_bench_a_size_that_does_not_fit_in_memory_is_a_row_and_the_rest_is_kept(tmp_path):
+    """The audit's B8: 16G per rank under a 4 GB address-space limit."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    env = dict(os.environ, JAX_AR_TIMEOUT_S="60")
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "bench", "--platform", "cpu",
+                           "-b", "1K", "-e", "16G", "-f", str(16 << 20), "-a", "oneshot",
+                           "--repeats", "1", "--min-sample-ms", "0", "-n", "1", "-w", "0",
+                           "--no-plot", "--out-dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env=env, preexec_fn=limit)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == \
+        "jax_ar bench: FAILED: 1 case could not run (the table says why)"
+    rows = [line.split() for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert rows[0][0] == "1024" and rows[0][5] != "failed:", proc.stdout
+    assert rows[1][:6] == ["17179869184", "4294967296", "float32", "sum", "oneshot",
+                           "failed:"], proc.stdout
+    assert "MemoryError" in proc.stdout
+    assert "1 cases timed, 0 not available, 1 failed" in proc.stdout
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["status"] for r in doc["results"]][0] == "ok"
 
 
 def test_interleaved_benchmark_runs_as_the_docs_say(tmp_path):

@@ -2,8 +2,10 @@
 
 Starts N ranks through the launcher (GPUs when nvidia-smi lists any, else
 CPU devices), times every algorithm at every size with timing.py's method,
-checks every result against a host reference (#wrong must be 0), prints a
-table, and writes bench.json and bench.png to --out-dir.
+checks every result against a host reference (#wrong must be 0), writes
+bench.json and bench.png to --out-dir, and prints a table. A sweep that
+stops half way (a signal, --timeout, a rank that died) still writes what
+it finished, marked partial.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 
 from .._norms import _check_eps as check_eps
 from . import sweep
@@ -84,6 +87,22 @@ def new_out_dir(root: str = "bench_results") -> str:
         n += 1
         path = os.path.join(root, f"{stamp}-{n}")
     return path
+
+
+def prepare_out_dir(path: str) -> bool:
+    """Creates --out-dir (and its parents) and makes sure a file can be
+    written there, before any rank starts; ValueError saying why not.
+    Returns whether the folder is new (an unused new one is removed)."""
+    new = not os.path.exists(path)
+    if not new and not os.path.isdir(path):
+        raise ValueError(f"--out-dir {path}: exists and is not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out-dir {path}: cannot write there ({e.strerror or e})") from None
+    return new
 
 
 def _split(text: str, allowed, what: str) -> list[str]:
@@ -208,6 +227,10 @@ def format_table(doc: dict) -> str:
         f"{'time_us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7} {'vs_psum':>8}",
     ]
     lines[-2:-2] = _other_path_notes(results)  # before the blank line above the header
+    partial = doc.get("partial")
+    if partial:
+        lines[2:2] = [f"# PARTIAL: {partial['reason']}; these are the {partial['cases_done']} "
+                      f"of {partial['cases_planned']} cases it finished"]
     previous = None
     for i, r in enumerate(results):
         group = (r["dtype"], r["op"], r["bytes"])
@@ -225,16 +248,20 @@ def format_table(doc: dict) -> str:
         lines.append(f"{head} {r['time_us']:>10.1f} {r['algbw_gbps']:>8.3f} "
                      f"{r['busbw_gbps']:>8.3f} {wrong:>7} {speedup:>8}")
     timed = sum(1 for r in results if r["status"] == "ok")
+    failed = sum(1 for r in results if r["status"].startswith("failed"))
     checked = [r["wrong"] for r in results if r["status"] == "ok" and r["wrong"] is not None]
-    lines.append(f"# {timed} cases timed, {len(results) - timed} not available, " +
+    lines.append(f"# {timed} cases timed, {len(results) - timed - failed} not available, " +
+                 (f"{failed} failed, " if failed else "") +
                  (f"{sum(checked)} wrong elements in total" if checked or not timed else
                   "results not checked (-c 0)"))
     spread = typical_spread(results)
     load = machine.get("load_average")
-    lines.append(f"# samples spread {spread:.0%} around their medians (typical case)"
-                 + (f"; load average {load[0]:g} at the end on {machine['cpu_count']} cores"
-                    if load else ""))
-    if spread > sweep.NOISY_SPREAD:
+    lines.append((f"# samples spread {spread:.0%} around their medians (typical case)"
+                  if spread is not None else
+                  "# samples spread not estimated (it takes --repeats 3 or more)")
+                 + (f"; load average {load[0]:g} at the {'start' if partial else 'end'} on "
+                    f"{machine['cpu_count']} cores" if load else ""))
+    if spread is not None and spread > sweep.NOISY_SPREAD:
         lines.append(f"# WARNING: noisy timings (spread above {sweep.NOISY_SPREAD:.0%}): the "
                      "machine is busy; compare with care")
     return "\n".join(lines)
@@ -258,6 +285,10 @@ def main(argv=None) -> int:
     try:
         platform, gpus = sweep.resolve_platform(ns.platform)
         config = plan(ns, platform, gpus)
+        # What every rank's jax_ar.setup would reject: one line, before they start.
+        sweep.check_environment(platform, config["ranks"])
+        out_dir = ns.out_dir or new_out_dir()
+        new_dir = prepare_out_dir(out_dir)
     except (ValueError, sweep.SweepError) as e:
         parser.error(str(e))
     ranks = config.pop("ranks")
@@ -268,12 +299,38 @@ def main(argv=None) -> int:
           file=sys.stderr, flush=True)
     try:
         raw = sweep.run_sweep(config, ranks, platform, ns.timeout)
-    except sweep.SweepStopped as e:
-        print(str(e), file=sys.stderr)
-        return e.exit_code
     except sweep.SweepError as e:
-        print(str(e), file=sys.stderr)
+        print(str(e), file=sys.stderr, flush=True)
+        if e.partial is None:
+            if new_dir:
+                _remove_if_empty(out_dir)
+            return e.exit_code
+        e.partial["partial"]["reason"] = sweep.stop_reason(e, "bench")
+        doc = _bench_doc(e.partial, config, ranks, gpus, argv)
+        _write_and_print(doc, out_dir, ns.no_plot)
+        return e.exit_code
+    doc = _bench_doc(raw, config, ranks, gpus, argv)
+    if not _write_and_print(doc, out_dir, ns.no_plot):
         return 1
+    results = doc["results"]
+    wrong = sum(r["wrong"] or 0 for r in results)
+    if wrong:
+        print(f"jax_ar bench: FAILED: {wrong} elements differ from the host reference",
+              file=sys.stderr)
+        return 1
+    failed = sum(1 for r in results if r["status"].startswith("failed"))
+    if failed:
+        print(f"jax_ar bench: FAILED: {failed} case{'s' if failed > 1 else ''} could not run "
+              "(the table says why)", file=sys.stderr)
+        return 1
+    if not any(r["status"] == "ok" for r in results):
+        print("jax_ar bench: FAILED: no case could run here (see the table)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bench_doc(raw: dict, config: dict, ranks: int, gpus: int, argv) -> dict:
+    """bench.json's document from the ranks' results (all, or a partial run's)."""
     results, machine = raw["results"], raw["machine"]
     add_bandwidths(results, machine["world_size"])
     add_speedups(results)
@@ -291,14 +348,27 @@ def main(argv=None) -> int:
         "elapsed_s": raw["elapsed_s"],
         "results": results,
     }
-    print(format_table(doc))
-    out_dir = ns.out_dir or new_out_dir()
-    os.makedirs(out_dir, exist_ok=True)
+    if raw.get("partial"):
+        doc["partial"] = raw["partial"]  # {reason, cases_done, cases_planned}
+    return doc
+
+
+def _write_and_print(doc: dict, out_dir: str, no_plot: bool) -> bool:
+    """Writes bench.json (and bench.png), then prints the table: the files
+    come first, so that a closed stdout (`| head`) loses nothing. False
+    when bench.json could not be written (the table is printed anyway)."""
     json_path = os.path.join(out_dir, "bench.json")
-    with open(json_path, "w") as f:
-        json.dump(doc, f, indent=1)
-    written = [json_path]
-    if not ns.no_plot:
+    tmp = f"{json_path}.tmp{os.getpid()}"
+    written, error = [], None
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, json_path)
+        written.append(json_path)
+    except OSError as e:
+        error = f"jax_ar bench: cannot write {json_path} ({e.strerror or e})"
+        _discard(tmp)
+    if written and not no_plot:
         from . import plot
 
         png_path = os.path.join(out_dir, "bench.png")
@@ -308,13 +378,34 @@ def main(argv=None) -> int:
         except ImportError:
             print("jax_ar bench: matplotlib is not installed; no plot "
                   "(pip install matplotlib, or jax_ar[bench])", file=sys.stderr)
-    print(f"# wrote {', '.join(written)}")
-    wrong = sum(r["wrong"] or 0 for r in results)
-    if wrong:
-        print(f"jax_ar bench: FAILED: {wrong} elements differ from the host reference",
-              file=sys.stderr)
-        return 1
-    if not any(r["status"] == "ok" for r in results):
-        print("jax_ar bench: FAILED: no case could run here (see the table)", file=sys.stderr)
-        return 1
-    return 0
+        except OSError as e:
+            print(f"jax_ar bench: cannot write {png_path} ({e.strerror or e})", file=sys.stderr)
+    _print(format_table(doc) + (f"\n# wrote {', '.join(written)}" if written else ""))
+    if error:
+        print(error, file=sys.stderr)
+    return not error
+
+
+def _print(text: str) -> None:
+    """print, except that a reader gone away (`| head -2`) ends the output
+    quietly: what follows goes nowhere instead of raising BrokenPipeError."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _remove_if_empty(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def _discard(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

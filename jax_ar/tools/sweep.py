@@ -17,9 +17,10 @@ import uuid
 from ..comm.communicator import MAX_WORKSPACE_BYTES, MIN_WORKSPACE_BYTES
 from . import launch
 
-__all__ = ["SweepError", "SweepStopped", "add_common_options", "common_config", "default_ranks",
-           "format_size", "mps_running", "parse_size", "read_partial", "resolve_platform",
-           "run_sweep", "shared_gpu_reason", "size_list", "stop_reason"]
+__all__ = ["SweepError", "SweepStopped", "add_common_options", "check_environment",
+           "check_table", "common_config", "default_ranks", "format_size", "mps_running",
+           "parse_size", "read_partial", "resolve_platform", "run_sweep", "shared_gpu_reason",
+           "size_list", "stop_reason"]
 
 RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_rank.py")
 
@@ -179,6 +180,53 @@ def mps_running() -> bool:
         return any(name.startswith("control") for name in os.listdir(pipe))
     except OSError:
         return False
+
+
+def check_environment(platform: str, world: int, table: bool = True) -> None:
+    """ValueError, one line naming the variable, for a setting every rank's
+    jax_ar.setup would reject: JAX_AR_ALGO, JAX_AR_TIMEOUT_S and (`table`)
+    the algorithm table the ranks would read (check_table)."""
+    from .. import config as ar_config
+
+    ar_config.algorithm_override()
+    try:
+        ar_config.resolve_timeout()
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+    if table:
+        check_table(platform, world)
+
+
+def check_table(platform: str, world: int) -> None:
+    """TableError (a ValueError) for the table the ranks would load, where
+    this process can tell which it is: $JAX_AR_TABLE's file (its device kind
+    taken from the file on GPU, where only the ranks know theirs), or on
+    CPU the tuned file in the cache. JAX_AR_TABLE=default and a cache
+    without a file mean the shipped defaults: nothing to check. (A GPU's
+    cached file is named after the device kind: the ranks check it.)"""
+    from .._version import __version__
+    from ..selection import table as tables
+
+    override = os.environ.get(tables.TABLE_ENV, "").strip()
+    if override.lower() == "default":
+        return
+    if override:
+        path = override
+    elif platform == "cpu":
+        path = tables.table_path("cpu", "cpu", world)
+        if not os.path.exists(path):
+            return
+    else:
+        return
+    kind = "cpu"
+    if platform != "cpu":
+        try:
+            with open(path) as f:
+                kind = json.load(f).get("device_kind")
+        except (OSError, ValueError, AttributeError):
+            kind = None  # load_table says what is wrong with the file
+        kind = kind if isinstance(kind, str) else "?"
+    tables.load_table(path, platform, kind, world, __version__)
 
 
 def run_sweep(config: dict, ranks: int, platform: str, timeout_s: float,
