@@ -673,6 +673,122 @@ def test_bench_a_size_that_does_not_fit_in_memory_is_a_row_and_the_rest_is_kept(
     assert [r["status"] for r in doc["results"]][0] == "ok"
 
 
+@pytest.mark.parametrize("args,message", [
+    (["-b", "1", "-e", "2"], "the sizes from -b to -e hold 0"),
+    (["-b", "1K", "-e", "1K"], "the sizes from -b to -e hold 1"),
+])
+def test_tune_rejects_sizes_that_fit_no_curve(args, message, monkeypatch, capsys):
+    from jax_ar.tools import tune
+
+    _fake_sweep(monkeypatch, tune)
+    assert message in _usage_error(tune.main, ["--platform", "cpu", *args], capsys)
+
+
+@pytest.mark.parametrize("env", [{}, {"JAX_AR_ALGO": "bogus"}])
+def test_tune_out_that_cannot_be_written_is_a_usage_error_before_any_rank(
+        tmp_path, monkeypatch, capsys, env):
+    from jax_ar.tools import tune
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "file").write_text("")
+    _fake_sweep(monkeypatch, tune)
+    cases = [(str(tmp_path), "is a folder"),
+             (str(tmp_path / "file" / "t.json"), "cannot write there")]
+    if env:
+        cases = [(str(tmp_path / "t.json"), "JAX_AR_ALGO must be one of")]
+    for out, message in cases:
+        line = _usage_error(tune.main, ["--platform", "cpu", "-e", "4K", "--out", out], capsys)
+        assert message in line, line
+    assert os.listdir(tmp_path) == ["file"]  # no temporary file left
+
+
+def test_tune_ranks_read_no_table_and_jax_ar_table_names_the_new_file(tmp_path, monkeypatch,
+                                                                       capsys):
+    """JAX_AR_TABLE=<a file to be> tune: the ranks run on the shipped table
+    (a missing or broken one must not stop them), the file is written."""
+    from jax_ar.tools import tune
+
+    path = tmp_path / "new.json"
+    monkeypatch.setenv("JAX_AR_TABLE", str(path))
+    seen = {}
+    _fake_sweep(monkeypatch, tune, raw=_tune_raw(), seen=seen)
+    assert tune.main(["--platform", "cpu", "-e", "8K"]) == 0, capsys.readouterr()
+    assert seen["env"] == {"JAX_AR_TABLE": "default"}
+    assert f"# wrote {path}" in capsys.readouterr().out
+    _table.load_table(str(path), "cpu", "cpu", 2, VERSION)
+    assert os.listdir(tmp_path) == ["new.json"]
+
+
+def test_tune_checks_the_new_table_before_it_replaces_the_old_one(tmp_path, monkeypatch,
+                                                                  capsys):
+    from jax_ar.tools import tune
+
+    path = tmp_path / "table.json"
+    path.write_text("the old table")
+    _fake_sweep(monkeypatch, tune, raw=_tune_raw())
+
+    def reject(*args):
+        raise _table.TableError(f"jax_ar: algorithm table {args[0]} has a malformed cost curve; "
+                                "run `python -m jax_ar tune` to measure this machine")
+
+    monkeypatch.setattr(tune, "load_table", reject)
+    assert tune.main(["--platform", "cpu", "-e", "8K", "--out", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the new table fails its check" in err and f"{path} left as it was" in err, err
+    assert "run `python" not in err
+    assert path.read_text() == "the old table" and os.listdir(tmp_path) == ["table.json"]
+
+    def no_room(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tune.os, "replace", no_room)
+    monkeypatch.setattr(tune, "load_table", _table.load_table)
+    assert tune.main(["--platform", "cpu", "-e", "8K", "--out", str(path)]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"jax_ar tune: cannot write {path} (No space left on device); it was left as it was"
+    assert path.read_text() == "the old table" and os.listdir(tmp_path) == ["table.json"]
+
+
+def test_tune_stopped_half_way_writes_no_table_but_keeps_what_it_measured(tmp_path,
+                                                                          monkeypatch, capsys):
+    from jax_ar.tools import sweep as _sweep, tune
+
+    raw = _tune_raw()
+    raw["results"] = raw["results"][:5]
+    raw.update(elapsed_s=None, partial={"cases_done": 5, "cases_planned": 18})
+    _fake_sweep(monkeypatch, tune, error=_sweep.SweepStopped(
+        15, "jax_ar tune: stopped by SIGTERM, forwarded to every rank", raw))
+    path = tmp_path / "table.json"
+    assert tune.main(["--platform", "cpu", "-e", "8K", "--out", str(path)]) == 128 + 15
+    assert not path.exists()
+    doc = json.loads((tmp_path / "table.partial.json").read_text())
+    assert doc["schema"] == "jax_ar.tune_partial"
+    assert doc["partial"]["reason"] == "stopped by SIGTERM, forwarded to every rank"
+    assert len(doc["measurements"]["oneshot"]) == 4 and len(doc["measurements"]["twoshot"]) == 1
+    assert "what was measured (5 of 18 cases)" in capsys.readouterr().err
+    with pytest.raises(_table.TableError, match="is not a jax_ar algorithm table"):
+        _table.load_table(str(tmp_path / "table.partial.json"), "cpu", "cpu", 2, VERSION)
+
+
+def test_tune_replaces_a_broken_cached_table(tmp_path):
+    """The audit's B4: the cache's table is not JSON, which is what tune is
+    run to fix: its ranks do not read it, and it is replaced."""
+    cached = tmp_path / "jax_ar" / "table-cpu-cpu-n2.json"
+    cached.parent.mkdir()
+    cached.write_text("not json")
+    env = dict(os.environ, JAX_AR_TIMEOUT_S="60", XDG_CACHE_HOME=str(tmp_path))
+    env.pop("JAX_AR_TABLE", None)
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "tune", "--platform", "cpu",
+                           "-b", "1K", "-e", "2K", "--repeats", "1", "--min-sample-ms", "0",
+                           "-n", "1", "-w", "0"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"# wrote {cached}" in proc.stdout
+    _table.load_table(str(cached), "cpu", "cpu", 2, VERSION)
+    assert os.listdir(cached.parent) == [cached.name]
+
+
 def test_interleaved_benchmark_runs_as_the_docs_say(tmp_path):
     """benchmarks/interleaved.py, briefly, and interleaved_table.py on what
     it wrote; the docs' form of --bytes (1K,2K,...,1M) is what it takes."""

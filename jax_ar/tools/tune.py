@@ -14,6 +14,14 @@ It also times all_reduce_rms_norm's paths (bfloat16, hidden NORM_HIDDEN,
 whole calls, rounds included): the fused kernel forced to each protocol and
 the pair jax_ar.all_reduce + jax_ar.rms_norm, fitted to the curves
 fused_oneshot, fused_twoshot and composed that algorithm="auto" chooses by.
+
+The ranks run with JAX_AR_TABLE=default (the shipped table: where
+algorithm="auto" or the two-shot's LL/plain choice needs a table while it
+measures), so that a missing, stale or broken table, the very thing tune
+replaces, cannot stop it. Where the table goes is checked before they
+start; the new table is written next to it and checked as later runs will
+read it before it replaces the old one. A sweep stopped half way writes no
+table: what it measured goes to <table>.partial.json.
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 
 import numpy as np
 
@@ -31,8 +40,8 @@ from .. import selection
 from . import sweep
 from .bench_data import DTYPES
 from .timing import typical_spread
-from ..selection.table import (TABLE_ENV, CostCurve, Segment, Table, load_table, table_path,
-                     table_to_json)
+from ..selection.table import (TABLE_ENV, CostCurve, Segment, Table, TableError, cache_dir,
+                               load_table, table_path, table_to_json)
 from .._version import __version__
 
 __all__ = ["fit_curve", "main"]
@@ -189,6 +198,35 @@ def _norm_summary(table: Table, measured: dict) -> str:
     return "\n".join(lines)
 
 
+def destination(out: str | None) -> tuple[str | None, str]:
+    """(the table file to write, what named it): --out, else $JAX_AR_TABLE
+    (unless "default"), else (None, ...): the cache path, which takes the
+    device kind the ranks report."""
+    if out:
+        return out, "--out"
+    env = os.environ.get(TABLE_ENV, "").strip()
+    if env and env.lower() != "default":
+        return env, TABLE_ENV
+    return None, "the cache folder"
+
+
+def check_destination(path: str | None, what: str) -> None:
+    """ValueError, before any rank starts, where the table could not be
+    written: `path` is a folder, or its folder cannot be created or written
+    (None: the cache folder)."""
+    if path is not None and os.path.isdir(path):
+        raise ValueError(f"{what} {path} is a folder; give the table file's path")
+    folder = os.path.dirname(os.path.abspath(path)) if path is not None else cache_dir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        name = f"{what} {path}" if path is not None else f"the cache folder {folder}"
+        raise ValueError(f"{name}: cannot write there ({e.strerror or e})"
+                         + ("" if path is not None else "; give --out")) from None
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -199,6 +237,15 @@ def main(argv=None) -> int:
                                  sweep.parse_size(ns.max_bytes or MAX_BYTES[platform]),
                                  ns.step_factor)
         config = sweep.common_config(ns, platform)
+        if len([b for b in sizes if b >= 4]) < 2:  # as bench: a size holds an element
+            raise ValueError("tune fits curves to 2 or more message sizes of at least 4 bytes "
+                             "(one float32 element); the sizes from -b to -e hold "
+                             f"{len([b for b in sizes if b >= 4])}")
+        # The ranks read no table (JAX_AR_TABLE=default): the rest of what
+        # their jax_ar.setup would reject.
+        sweep.check_environment(platform, ranks, table=False)
+        path, named_by = destination(ns.out)
+        check_destination(path, named_by)
         shared = sweep.shared_gpu_reason(platform, ranks, gpus)
         unavailable = {"psum": shared} if shared else {}
     except (ValueError, sweep.SweepError) as e:
@@ -210,7 +257,7 @@ def main(argv=None) -> int:
         if algorithm != "psum":  # the one-round limit itself: the fit's last point
             cases.append({"dtype": "float32", "op": "sum", "count": 0, "bytes": 0,
                           "algorithm": algorithm, "at_capacity": algorithm})
-    for path, variant in NORM_VARIANTS.items():
+    for path_name, variant in NORM_VARIANTS.items():
         for b in sizes:
             tokens = b // (NORM_HIDDEN * NORM_ITEMSIZE)
             if tokens >= 1:
@@ -221,21 +268,27 @@ def main(argv=None) -> int:
     config.update(cases=cases, unavailable=unavailable, eps=1e-6, seed=0)
     print(f"jax_ar tune: {len(cases)} measurements on {ranks} {platform.upper()} ranks ...",
           file=sys.stderr, flush=True)
+    info = {"command": "python -m jax_ar tune " + " ".join(shlex.quote(a) for a in (argv or [])),
+            "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
+                                               "warmup")}}
     try:
-        raw = sweep.run_sweep(config, ranks, platform, ns.timeout, progress_label="tune")
-    except sweep.SweepStopped as e:
-        print(str(e), file=sys.stderr)
-        return e.exit_code
+        raw = sweep.run_sweep(config, ranks, platform, ns.timeout, progress_label="tune",
+                              env={TABLE_ENV: "default"})
     except sweep.SweepError as e:
-        print(str(e), file=sys.stderr)
-        return 1
+        print(str(e), file=sys.stderr, flush=True)
+        if e.partial is not None:
+            _save_partial(e.partial, path, sweep.stop_reason(e, "tune"), info)
+        return e.exit_code
     machine, results = raw["machine"], raw["results"]
     spread = typical_spread(results)
-    if spread > sweep.NOISY_SPREAD:
+    if spread is None:
+        print("jax_ar tune: note: the timing noise is not estimated with --repeats below 3",
+              file=sys.stderr)
+    elif spread > sweep.NOISY_SPREAD:
         print(f"jax_ar tune: warning: timing samples spread {spread:.0%} around their median "
               "(typical case); the machine is busy, so the table may follow noise. Re-run "
               "when it is idle.", file=sys.stderr)
-    wrong = sum(r["wrong"] for r in results)
+    wrong = sum(r["wrong"] or 0 for r in results)
     if wrong:
         print(f"jax_ar tune: {wrong} elements differ from the host reference; no table written",
               file=sys.stderr)
@@ -244,16 +297,19 @@ def main(argv=None) -> int:
         print(f"jax_ar tune: jax_ar falls back to psum on this machine "
               f"({machine['fallback_reason']}); nothing to tune", file=sys.stderr)
         return 1
+    failed = [r for r in results if r["status"].startswith("failed")]
+    if failed:
+        print(f"jax_ar tune: warning: {len(failed)} measurement{'s' if len(failed) > 1 else ''} "
+              f"could not run (the first: {failed[0]['algorithm']} at {failed[0]['bytes']} "
+              f"bytes, {failed[0]['status']}); the curves use the others", file=sys.stderr)
 
     world, kind = machine["world_size"], machine["device_kind"]
     capacity = machine["capacity_bytes"]
     defaults_table = selection.default_table(platform, kind, world)
-    measured, curves, notes = {}, {}, {}
+    measured = _measured(results, platform)
+    curves, notes = {}, {}
     for algorithm in selection.candidates_for(platform):  # each kernel, as the rows that ran it
-        points = [(r["bytes"], r["time_us"]) for r in results
-                  if (r.get("kernel") or r["algorithm"]) == algorithm and r["op"] != "rms_norm"
-                  and r["status"] == "ok"]
-        measured[algorithm] = points
+        points = measured[algorithm]
         usable = [p for p in points if algorithm == "psum" or p[0] <= capacity[algorithm]]
         if len(usable) >= 2:
             curves[algorithm] = fit_curve(usable)
@@ -263,9 +319,7 @@ def main(argv=None) -> int:
             curves[algorithm] = defaults_table.curves[algorithm]
             notes[algorithm] = f"not measured ({why}); shipped default kept"
     for name, variant in NORM_VARIANTS.items():  # whole calls: no rounds to cut at
-        points = [(r["bytes"], r["time_us"]) for r in results
-                  if r["algorithm"] == variant and r["op"] == "rms_norm" and r["status"] == "ok"]
-        measured[name] = points
+        points = measured[name]
         if len(points) >= 2:
             curves[name] = fit_curve(points)
         else:
@@ -274,27 +328,98 @@ def main(argv=None) -> int:
                        "too few sizes measured")
             curves[name] = defaults_table.curves[name]
             notes[name] = f"not measured ({why}); shipped default kept"
-    path = ns.out or (os.environ.get(TABLE_ENV, "").strip() if
-                      os.environ.get(TABLE_ENV, "").strip().lower() not in ("", "default")
-                      else None) or table_path(platform, kind, world)
+    path = path or table_path(platform, kind, world)
     table = Table(platform, kind, world, curves, path)
     doc = table_to_json(table, __version__, {
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": "python -m jax_ar tune " + " ".join(shlex.quote(a) for a in (argv or [])),
+        "command": info["command"],
         "machine": machine,
-        "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
-                                           "warmup")},
+        "method": info["method"],
         "notes": notes,
         "measurements": {a: [[b, round(t, 3)] for b, t in pts] for a, pts in measured.items()},
     })
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
-    load_table(path, platform, kind, world, __version__)  # what later runs will read
-    print(_summary(table, capacity, measured))
-    for algorithm, note in notes.items():
-        print(f"# {algorithm}: {note}")
-    print(f"# wrote {path}")
+    error = _install(doc, path, platform, kind, world)
+    lines = [_summary(table, capacity, measured)]
+    lines += [f"# {algorithm}: {note}" for algorithm, note in notes.items()]
+    if not error:
+        lines.append(f"# wrote {path}")
+    _print("\n".join(lines))
+    if error:
+        print(error, file=sys.stderr)
+        return 1
     return 0
+
+
+def _measured(results: list[dict], platform: str) -> dict:
+    """{kernel or norm path: [(bytes, us), ...]} of the rows that ran it."""
+    measured = {}
+    for algorithm in selection.candidates_for(platform):
+        measured[algorithm] = [(r["bytes"], r["time_us"]) for r in results
+                               if (r.get("kernel") or r["algorithm"]) == algorithm
+                               and r["op"] != "rms_norm" and r["status"] == "ok"]
+    for name, variant in NORM_VARIANTS.items():
+        measured[name] = [(r["bytes"], r["time_us"]) for r in results
+                          if r["algorithm"] == variant and r["op"] == "rms_norm"
+                          and r["status"] == "ok"]
+    return measured
+
+
+def _install(doc: dict, path: str, platform: str, kind: str, world: int) -> str | None:
+    """Writes the table next to `path`, reads it back as later runs will,
+    then puts it in place; the old table stays where any step fails (the
+    error, one line, is returned) and no temporary file is left."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        load_table(tmp, platform, kind, world, __version__)
+        os.replace(tmp, path)
+    except TableError as e:
+        why = str(e).split("; run `python -m jax_ar tune`")[0]
+        return f"jax_ar tune: the new table fails its check ({why}); {path} left as it was"
+    except OSError as e:
+        return f"jax_ar tune: cannot write {path} ({e.strerror or e}); it was left as it was"
+    finally:
+        if os.path.lexists(tmp):
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+    return None
+
+
+def _save_partial(raw: dict, path: str | None, reason: str, info: dict) -> None:
+    """What a stopped sweep measured, in <table>.partial.json: not a table
+    (its schema says so; a table fitted to part of the sizes, the kernels
+    measured last on shipped defaults, would mislead), but nothing is lost."""
+    machine = raw["machine"]
+    path = path or table_path(machine["platform"], machine["device_kind"],
+                              machine["world_size"])
+    stem = path[:-len(".json")] if path.endswith(".json") else path
+    partial_path = f"{stem}.partial.json"
+    measured = _measured(raw["results"], machine["platform"])
+    doc = {"schema": "jax_ar.tune_partial", "schema_version": 1,
+           "partial": dict(raw["partial"], reason=reason),
+           "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+           "command": info["command"], "machine": machine, "method": info["method"],
+           "measurements": {a: [[b, round(t, 3)] for b, t in pts] for a, pts in measured.items()},
+           "results": raw["results"]}
+    try:
+        with open(partial_path, "w") as f:
+            json.dump(doc, f, indent=1)
+    except OSError as e:
+        print(f"jax_ar tune: cannot write {partial_path} ({e.strerror or e})", file=sys.stderr)
+        return
+    print(f"jax_ar tune: no table written; what was measured ({raw['partial']['cases_done']} of "
+          f"{raw['partial']['cases_planned']} cases) is in {partial_path}", file=sys.stderr)
+
+
+def _print(text: str) -> None:
+    """print, except that a reader gone away (`| head`) ends the output
+    quietly instead of raising BrokenPipeError."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
