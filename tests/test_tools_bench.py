@@ -673,6 +673,17 @@ def test_bench_a_size_that_does_not_fit_in_memory_is_a_row_and_the_rest_is_kept(
     assert [r["status"] for r in doc["results"]][0] == "ok"
 
 
+def test_with_fewer_than_3_samples_the_spread_is_not_estimated():
+    from jax_ar.tools import bench
+    from jax_ar.tools.timing import typical_spread
+
+    doc = _doc([("oneshot", 1024, "float32", "sum")], {"1024": "oneshot"}, samples=(5.0, 9.0))
+    assert typical_spread(doc["results"]) is None
+    text = bench.format_table(doc)
+    assert "# samples spread not estimated (it takes --repeats 3 or more)" in text, text
+    assert "0%" not in text
+
+
 @pytest.mark.parametrize("args,message", [
     (["-b", "1", "-e", "2"], "the sizes from -b to -e hold 0"),
     (["-b", "1K", "-e", "1K"], "the sizes from -b to -e hold 1"),

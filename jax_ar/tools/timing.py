@@ -145,13 +145,15 @@ def gather(run_id: str, name: str, value, timeout_s: float):
             for p in range(jax.process_count())]
 
 
-def typical_spread(results) -> float:
+def typical_spread(results) -> float | None:
     """Median over timed cases of (75th - 25th percentile) / median of their
-    samples: how much the machine disturbed the timing."""
+    samples: how much the machine disturbed the timing. None where no case
+    has the 3 samples a spread needs (--repeats 1 or 2): not estimated,
+    which is not the same as no noise."""
     spreads = []
     for r in results:
         samples = sorted(r.get("samples") or [])
         if r["status"] == "ok" and len(samples) >= 3:
             q25, q50, q75 = (statistics.quantiles(samples, n=4, method="inclusive"))
             spreads.append((q75 - q25) / q50)
-    return statistics.median(spreads) if spreads else 0.0
+    return statistics.median(spreads) if spreads else None
