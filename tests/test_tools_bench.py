@@ -837,3 +837,14 @@ def test_interleaved_benchmark_runs_as_the_docs_say(tmp_path):
                         "fastest by median | next / fastest | rounds won | auto picks |")
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| 1K", "| 2K"]
     assert lines[0] in docs  # the docs' tables have these columns
+
+
+def test_docs_name_every_option_of_bench_and_tune():
+    from jax_ar.tools import bench, tune
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    docs = open(os.path.join(root, "docs", "benchmarks.md")).read()
+    for module in (bench, tune):
+        for action in module.build_parser()._actions:
+            longs = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
+            assert not longs or any(f"`{o}" in docs or f"/{o}" in docs for o in longs), longs
