@@ -1,6 +1,6 @@
 """python -m jax_ar launch: ranks joined by jax.distributed, failures named
 (the first to fail first), deadlines enforced, signals forwarded and no rank
-left behind, -m MODULE."""
+left behind, -m MODULE, a closed stdout."""
 import os
 import signal
 import subprocess
@@ -134,6 +134,37 @@ def test_bad_options_are_usage_errors(options, error, arguments):
     with pytest.raises(ValueError) as raised:  # launch() refuses them too
         launch(PROBE, ["ok", "-1"], stream=False, **arguments)
     assert str(raised.value) == error
+
+
+@pytest.mark.parametrize("stderr", ["apart", "in_the_pipe"])
+def test_a_closed_stdout_lets_the_ranks_run_to_their_end(tmp_path, stderr):
+    """`launch ... | head -1` (and `2>&1 | head -1`): once the reader of
+    stdout has gone, the launcher stops printing the ranks' output but
+    still reads it (ranks writing to a full pipe would block until the
+    deadline), and exits with the ranks' status, without a traceback
+    (Python's at exit included: it would make the status 120)."""
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--platform",
+                             "cpu", "--timeout", "40", "--log-dir", str(tmp_path), PROBE,
+                             "chatty", "-1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE if stderr == "apart" else subprocess.STDOUT,
+                            text=True)
+    try:
+        assert proc.stdout.readline().startswith("[rank ")
+        proc.stdout.close()  # as `head -1` does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    if stderr == "apart":
+        assert err.strip().splitlines()[-1] == "jax_ar launch: all 2 ranks succeeded", err
+        for text in ("Traceback", "BrokenPipe", "Exception ignored"):
+            assert text not in err, err
+    for rank in (0, 1):  # every rank ran to its end
+        assert (tmp_path / f"rank{rank}.log").read_text().endswith("done chatting\n")
+    assert time.monotonic() - start < 40
 
 
 def test_a_rank_killed_from_outside_is_the_first_to_fail(monkeypatch):

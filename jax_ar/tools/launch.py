@@ -5,8 +5,10 @@ jax.distributed.initialize() (see bootstrap.py), so the script needs no
 launcher-specific code. Output of every rank is streamed with a "[rank i]"
 prefix (without the collectives' connection chatter, relay.GlooReports, and
 the shutdown noise listed in relay.NOISE) and, with --log-dir, kept as
-printed in one file per rank. The launcher exits non-zero if any rank
-fails, naming it, and kills every rank still running at the deadline.
+printed in one file per rank; should stdout's reader go away (`launch ... |
+head`), the ranks run on, read but no longer printed (relay.Output). The
+launcher exits non-zero if any rank fails, naming it, and kills every rank
+still running at the deadline.
 
 When a rank fails, the others get a short grace period (see
 default_grace_s) to report their own errors, then the launcher dumps the
@@ -103,6 +105,9 @@ def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="au
     `grace_s` seconds to end by themselves; then those still running are
     killed (after a dump of their Python stacks to their log).
 
+    With `stream`, each rank's lines are printed to sys.stdout as they come;
+    should a write fail (a closed pipe), printing stops and the ranks run on.
+
     Called in the main thread outside forwarding_signals(), it forwards
     SIGTERM, SIGHUP and SIGINT to the ranks while they run (see
     forwarding_signals) and, once every rank has ended, lets the signal act
@@ -145,7 +150,7 @@ def _launch(scope, script, module, args, num_processes, cpu_devices, platform, t
             job.request_stop(scope.signum)
     procs, logs, threads = [], [[] for _ in range(num_processes)], []
     watch = relay.Watch()
-    print_lock = threading.Lock()
+    output = relay.Output(enabled=stream)
     try:
         for rank in range(num_processes):
             if job.stop_signum is not None:
@@ -174,14 +179,12 @@ def _launch(scope, script, module, args, num_processes, cpu_devices, platform, t
                                     start_new_session=True)
             procs.append(proc)
             log_file = open(os.path.join(log_dir, f"rank{rank}.log"), "w") if log_dir else None
-            for fn, fn_args in ((relay.pump, (proc, rank, logs[rank], log_file, stream,
-                                              print_lock)),
+            for fn, fn_args in ((relay.pump, (proc, rank, logs[rank], log_file, output)),
                                 (relay.reap, (proc, rank, watch))):
                 thread = threading.Thread(target=fn, args=fn_args, daemon=True)
                 thread.start()
                 threads.append(thread)
-        relay.supervise(job, procs, logs, status_dir, timeout_s, grace_s, print_lock, stream,
-                        watch)
+        relay.supervise(job, procs, logs, status_dir, timeout_s, grace_s, output, watch)
         if watch.signal is None and job.stop_signum is not None:
             watch.signal = job.stop_signum  # it came as the last ranks ended: still obeyed
     finally:
@@ -268,5 +271,33 @@ def main(argv=None) -> int:
         result = launch(ns.script, args, ns.num_processes, ns.cpu_devices, ns.platform,
                         ns.timeout, ns.log_dir, stream=not ns.quiet, grace_s=ns.grace,
                         module=module)
-    print(f"jax_ar launch: {result.summary()}", file=sys.stderr)
+    # stdout's reader may have gone (`launch ... | head`: the ranks ran on,
+    # unprinted, relay.Output), and stderr's with it: no error of the job,
+    # and no reason for a traceback.
+    _flush_or_silence(sys.stdout)
+    try:
+        print(f"jax_ar launch: {result.summary()}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _silence(sys.stderr)
     return result.exit_code
+
+
+def _flush_or_silence(stream) -> None:
+    try:
+        stream.flush()
+    except (OSError, ValueError):
+        _silence(stream)
+
+
+def _silence(stream) -> None:
+    """Points `stream`'s file descriptor at /dev/null, so that what is left
+    in its buffer goes nowhere at exit instead of failing again (Python
+    would print "Exception ignored ... BrokenPipeError" and exit 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError):
+        pass

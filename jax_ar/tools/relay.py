@@ -19,10 +19,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
-__all__ = ["GlooReports", "LaunchResult", "NOISE", "NOISE_DETAIL", "POLL_S", "STOP_GRACE_S", "Watch", "kill_all", "pump",
-           "reap", "result_of", "supervise"]
+__all__ = ["GlooReports", "LaunchResult", "NOISE", "NOISE_DETAIL", "Output", "POLL_S",
+           "STOP_GRACE_S", "Watch", "kill_all", "pump", "reap", "result_of", "supervise"]
 
 STOP_GRACE_S = 3.0  # how long ranks may take to end after a forwarded signal
 POLL_S = 0.05  # how often the launcher looks at the ranks
@@ -77,6 +78,31 @@ class GlooReports:
             return False  # a number of the program's own
         self.unfinished = max(0, self.unfinished + text.count(GLOO_START) - 1)
         return True
+
+
+class Output:
+    """Where the ranks' lines are printed: this process's stdout, one line
+    at a time. Once a write fails (the reader of a pipe went away, as in
+    `launch ... | head`, or any other error), nothing more is printed: the
+    ranks' output is still read to its end (a rank writing to a full pipe
+    would block) and kept in their logs, and the ranks run on."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.lock = threading.Lock()
+        self.error = None  # the error that ended printing
+
+    def write(self, text: str) -> None:
+        if not self.enabled or self.error is not None:
+            return
+        with self.lock:
+            if self.error is not None:
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except (OSError, ValueError) as e:  # ValueError: stdout closed
+                self.error = e
 
 
 class LaunchResult:
@@ -181,7 +207,7 @@ class Watch:
         return sorted(self.failed_at, key=lambda r: (self.failed_at[r], r))
 
 
-def supervise(job, procs, logs, status_dir, timeout_s, grace_s, print_lock, stream, watch):
+def supervise(job, procs, logs, status_dir, timeout_s, grace_s, output, watch):
     """Waits for the ranks, stopping them as described in launch()."""
     deadline = time.monotonic() + timeout_s
     first_failure_at = settled_at = None
@@ -220,7 +246,7 @@ def supervise(job, procs, logs, status_dir, timeout_s, grace_s, print_lock, stre
             for rank in watch.stopped:
                 _note(logs, rank, f"jax_ar launch: rank {rank} is still running {grace_s:.1f} s "
                       f"after rank {watch.order[0]} failed; dumping its stack, then killing it",
-                      print_lock, stream)
+                      output)
                 _signal(procs[rank], signal.SIGUSR1)
             if watch.stopped:
                 pause(1.0)  # time for the stack dumps
@@ -294,12 +320,9 @@ def _describe_failure(rank, rc, watch, exiting_with) -> str:
     return ", ".join(parts) or "failed"
 
 
-def _note(logs, rank, line, lock, stream):
+def _note(logs, rank, line, output):
     logs[rank].append(line + "\n")
-    if stream:
-        with lock:
-            sys.stdout.write(f"[rank {rank}] {line}\n")
-            sys.stdout.flush()
+    output.write(f"[rank {rank}] {line}\n")
 
 
 def _signal(proc, signum):
@@ -326,13 +349,22 @@ def reap(proc, rank, watch):
     watch.exited_at[rank] = time.time()
 
 
-def pump(proc, rank, sink, log_file, stream, lock):
+def pump(proc, rank, sink, log_file, output):
+    """Reads the rank's output to its end: every line to `log_file`, those
+    not dropped to `sink` and, prefixed, to `output`. Neither a failing
+    `output` nor a failing `log_file` (a full disk) stops the reading."""
     in_noise = False  # the last line kept out was NOISE: its details follow
     gloo = GlooReports()
     for line in proc.stdout:
         if log_file:
-            log_file.write(line)
-            log_file.flush()
+            try:
+                log_file.write(line)
+                log_file.flush()
+            except (OSError, ValueError) as e:
+                _close_quietly(log_file)
+                log_file = None
+                _note({rank: sink}, rank, f"jax_ar launch: cannot write this rank's log any "
+                      f"more ({e})", output)
         if gloo.drops(line):
             continue
         if NOISE.search(line) or (in_noise and NOISE_DETAIL.match(line.strip())):
@@ -340,12 +372,16 @@ def pump(proc, rank, sink, log_file, stream, lock):
             continue
         in_noise = False
         sink.append(line)
-        if stream:
-            with lock:
-                sys.stdout.write(f"[rank {rank}] {line}")
-                sys.stdout.flush()
+        output.write(f"[rank {rank}] {line}")
     if log_file:
-        log_file.close()
+        _close_quietly(log_file)
+
+
+def _close_quietly(file):
+    try:
+        file.close()
+    except (OSError, ValueError):
+        pass
 
 
 def kill_all(procs):
