@@ -311,6 +311,29 @@ def test_signal_is_forwarded_and_no_rank_outlives_the_launcher(signum, moment):
         job.cleanup()
 
 
+def test_a_second_signal_kills_at_once_and_the_summary_says_so():
+    """Ranks that ignore the forwarded signal are killed at the second one,
+    not STOP_GRACE_S after the first, and the summary says when."""
+    job = Job("deaf", "-1")
+    try:
+        wait_for(lambda: job.printed("looping", 2), 60, "both ranks looping")
+        start = time.monotonic()
+        job.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        job.proc.send_signal(signal.SIGTERM)
+        rc = job.finish()
+        took = time.monotonic() - start
+        err = "".join(job.err)
+        assert rc == 128 + signal.SIGTERM, err
+        assert err.strip().splitlines()[-1] == (
+            "jax_ar launch: stopped by SIGTERM, forwarded to every rank; ranks 0, 1 still "
+            "running at a second signal, killed"), err
+        assert took < launch_module.STOP_GRACE_S, f"the launcher took {took:.1f} s"
+        wait_for(lambda: not job.ranks(), 5, f"the ranks to end; left: {job.ranks()}")
+    finally:
+        job.cleanup()
+
+
 def test_ranks_die_with_a_launcher_killed_outright():
     job = Job("loop", "-1")
     try:

@@ -107,7 +107,7 @@ class Output:
 
 class LaunchResult:
     def __init__(self, returncodes, logs, timed_out, failures=(), stopped=(), signal_=None,
-                 killed_after_signal=(), exiting_with=None):
+                 killed_after_signal=(), exiting_with=None, hurried=False):
         self.returncodes = returncodes  # per rank; None if killed at the deadline
         # Failed ranks the launcher killed while they were exiting (held in
         # jax.distributed's shutdown) -> the exit status each was ending with.
@@ -120,6 +120,7 @@ class LaunchResult:
         self.stopped = list(stopped)  # ranks the launcher killed after another failed
         self.signal = signal_  # the signal that stopped the job (forwarded to every rank)
         self.killed_after_signal = list(killed_after_signal)  # still running STOP_GRACE_S after it
+        self.hurried = hurried  # a second signal came first: those were killed then
 
     @property
     def ok(self) -> bool:
@@ -162,8 +163,8 @@ class LaunchResult:
         if self.signal is not None:
             text = f"stopped by {_signal_name(self.signal)}, forwarded to every rank"
             if self.killed_after_signal:
-                text += (f"; {_ranks(self.killed_after_signal)} still running "
-                         f"{STOP_GRACE_S:g} s later, killed")
+                when = "at a second signal" if self.hurried else f"{STOP_GRACE_S:g} s later"
+                text += f"; {_ranks(self.killed_after_signal)} still running {when}, killed"
             parts.append(text)
         return "; ".join(parts) or "failed"
 
@@ -200,6 +201,7 @@ class Watch:
         self.timed_out = False
         self.signal = None  # the signal forwarded to the ranks
         self.killed_after_signal = []
+        self.hurried = False  # killed_after_signal were killed at a second signal
 
     @property
     def order(self) -> list[int]:
@@ -272,6 +274,7 @@ def _stop(job, procs, watch, status_dir):
             any(p.returncode is None for p in procs):
         time.sleep(0.02)
     watch.killed_after_signal = [r for r, p in enumerate(procs) if p.returncode is None]
+    watch.hurried = job.hurry and bool(watch.killed_after_signal)
     watch.ended_by_launcher = True
     kill_all(procs)
 
@@ -414,4 +417,4 @@ def result_of(procs, threads, logs, watch, num_processes) -> LaunchResult:
                 for r in watch.order]
     return LaunchResult(returncodes, ["".join(lines) for lines in logs], watch.timed_out,
                         failures, watch.stopped, watch.signal, watch.killed_after_signal,
-                        exiting_with)
+                        exiting_with, watch.hurried)

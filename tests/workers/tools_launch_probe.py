@@ -5,6 +5,8 @@ ok       every rank ends at once
 fail     the target exits 3; the others end at once
 hang     the target sleeps; the others end at once
 loop     every rank prints "looping" and sleeps (until stopped)
+deaf     every rank ignores SIGTERM, SIGHUP and SIGINT, prints "looping" and
+         sleeps (until killed)
 chatty   every rank prints 20000 lines (1.2 MB, more than a pipe holds), then
          "done chatting"
 loop_calls  every rank sets up jax_ar, prints "looping" and runs all_reduces
@@ -27,11 +29,14 @@ mode, target = sys.argv[1], int(sys.argv[2])
 me = jax.process_index()
 print(f"rank {me} of {jax.process_count()} with {jax.local_device_count()} devices, "
       f"pid {os.getpid()}", flush=True)
+if mode == "deaf":
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 if mode == "chatty":
     for i in range(20000):
         print(f"line {i} " + "x" * 50)
     print("done chatting", flush=True)
-if mode == "loop" or (mode == "fail_others_loop" and me != target):
+if mode in ("loop", "deaf") or (mode == "fail_others_loop" and me != target):
     print("looping", flush=True)
     while True:
         time.sleep(0.1)
