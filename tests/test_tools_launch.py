@@ -136,6 +136,28 @@ def test_bad_options_are_usage_errors(options, error, arguments):
     assert str(raised.value) == error
 
 
+@pytest.mark.parametrize("make,error", [
+    (lambda tmp: tmp / "a_file", "--log-dir {path} is not a directory"),
+    (lambda tmp: tmp / "a_file" / "logs", "--log-dir {path}: cannot create it (Not a directory)"),
+    (lambda tmp: "/proc/no_such_dir", "--log-dir {path}: cannot create it "
+                                      "(No such file or directory)"),
+], ids=["a_file", "under_a_file", "in_proc"])
+def test_a_log_dir_that_cannot_be_made_is_a_usage_error(tmp_path, make, error):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    (tmp_path / "a_file").write_text("")
+    path = str(make(tmp_path))
+    error = error.format(path=path)
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "--log-dir", path, PROBE,
+                           "ok", "-1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"python -m jax_ar launch: error: {error}"
+    assert "Traceback" not in proc.stderr and not proc.stdout  # no rank started
+    with pytest.raises(ValueError) as raised:  # launch() refuses it too
+        launch(PROBE, ["ok", "-1"], stream=False, log_dir=path)
+    assert str(raised.value) == error
+
+
 @pytest.mark.parametrize("stderr", ["apart", "in_the_pipe"])
 def test_a_closed_stdout_lets_the_ranks_run_to_their_end(tmp_path, stderr):
     """`launch ... | head -1` (and `2>&1 | head -1`): once the reader of

@@ -95,6 +95,23 @@ def check_timeout(timeout_s) -> None:
         raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
 
 
+def prepare_log_dir(log_dir) -> None:
+    """Creates `log_dir` unless it exists; ValueError, naming --log-dir,
+    where the ranks' logs cannot be written."""
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ValueError(f"--log-dir {log_dir} is not a directory")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--log-dir {log_dir}: cannot create it ({e.strerror or e})") from None
+    try:
+        with tempfile.TemporaryFile(dir=log_dir):
+            pass
+    except OSError as e:
+        raise ValueError(f"--log-dir {log_dir}: cannot write in it ({e.strerror or e})") \
+            from None
+
+
 def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="auto",
            timeout_s=600.0, log_dir=None, stream=True, env=None, grace_s=None, *,
            module=None) -> LaunchResult:
@@ -107,6 +124,8 @@ def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="au
 
     With `stream`, each rank's lines are printed to sys.stdout as they come;
     should a write fail (a closed pipe), printing stops and the ranks run on.
+    `log_dir` is created if need be (ValueError where it cannot be, before
+    any rank starts).
 
     Called in the main thread outside forwarding_signals(), it forwards
     SIGTERM, SIGHUP and SIGINT to the ranks while they run (see
@@ -116,6 +135,8 @@ def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="au
     if (script is None) == (module is None):
         raise ValueError("launch: give a script or a module, not both")
     check_arguments(num_processes, cpu_devices, timeout_s, grace_s)
+    if log_dir:
+        prepare_log_dir(log_dir)
     scope = current_scope()
     if scope is not None or threading.current_thread() is not threading.main_thread():
         return _launch(scope, script, module, args, num_processes, cpu_devices, platform,
@@ -138,8 +159,14 @@ def _launch(scope, script, module, args, num_processes, cpu_devices, platform, t
     platform, gpus = resolve_platform(platform, base_env)
     if grace_s is None:
         grace_s = default_grace_s(platform, base_env)
-    if log_dir:
-        os.makedirs(log_dir, exist_ok=True)
+    log_files = []  # opened before any rank starts
+    try:
+        for rank in range(num_processes if log_dir else 0):
+            log_files.append(open(os.path.join(log_dir, f"rank{rank}.log"), "w"))
+    except OSError:
+        for f in log_files:
+            f.close()
+        raise
     status_dir = tempfile.mkdtemp(prefix="jax_ar_launch_")
     target = ["-m", module] if module is not None else [script]
 
@@ -178,7 +205,7 @@ def _launch(scope, script, module, args, num_processes, cpu_devices, platform, t
                                     stderr=subprocess.STDOUT, text=True, errors="replace",
                                     start_new_session=True)
             procs.append(proc)
-            log_file = open(os.path.join(log_dir, f"rank{rank}.log"), "w") if log_dir else None
+            log_file = log_files[rank] if log_files else None
             for fn, fn_args in ((relay.pump, (proc, rank, logs[rank], log_file, output)),
                                 (relay.reap, (proc, rank, watch))):
                 thread = threading.Thread(target=fn, args=fn_args, daemon=True)
@@ -189,6 +216,8 @@ def _launch(scope, script, module, args, num_processes, cpu_devices, platform, t
             watch.signal = job.stop_signum  # it came as the last ranks ended: still obeyed
     finally:
         relay.kill_all(procs)
+        for f in log_files[len(procs):]:  # ranks never started (the pumps close the others)
+            f.close()
         shutil.rmtree(status_dir, ignore_errors=True)
         if scope is not None:
             scope.jobs.discard(job)
@@ -218,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "each as __main__ with ARGS. SIGTERM, SIGHUP and Ctrl-C are forwarded to "
                     "every rank; ranks still running 3 s later are killed.",
         epilog="exit status: 0 when every rank succeeded; the first failed rank's exit code "
-               "(or 1); 124 at --timeout; 128 + N when signal N stopped the job")
+               "(or 1); 124 at --timeout; 128 + N when signal N stopped the job; 2 for a "
+               "usage error")
     parser.add_argument("-n", "--num-processes", type=int, default=2, metavar="N",
                         help="number of processes (ranks) to start, as mpirun -n (default 2)")
     parser.add_argument("--cpu-devices", type=int, default=None, metavar="K",
@@ -230,9 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                         help="seconds the other ranks may run on after one fails before they "
                              "are killed (default: 5 on CPU, JAX_AR_TIMEOUT_S + 5 on GPU)")
-    parser.add_argument("--log-dir", default=None,
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="also write each rank's output, as printed (the chatter the "
-                             "stream drops included), to rank<i>.log here")
+                             "stream drops included), to rank<i>.log in DIR (created if "
+                             "need be)")
     parser.add_argument("--quiet", action="store_true", help="do not stream rank output")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                         help="run library module MODULE as a script, as python -m does "
@@ -265,6 +296,8 @@ def main(argv=None) -> int:
     try:
         check_arguments(ns.num_processes, ns.cpu_devices, ns.timeout, ns.grace)
         resolve_platform(ns.platform, os.environ)
+        if ns.log_dir:
+            prepare_log_dir(ns.log_dir)
     except ValueError as e:
         parser.error(str(e))
     with forwarding_signals():
