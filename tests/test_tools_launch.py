@@ -1,6 +1,7 @@
 """python -m jax_ar launch: ranks joined by jax.distributed, failures named
 (the first to fail first), deadlines enforced, signals forwarded and no rank
-left behind, -m MODULE, a closed stdout."""
+left behind, -m MODULE, arguments passed as python passes them, a closed
+stdout."""
 import os
 import signal
 import subprocess
@@ -156,6 +157,30 @@ def test_a_log_dir_that_cannot_be_made_is_a_usage_error(tmp_path, make, error):
     with pytest.raises(ValueError) as raised:  # launch() refuses it too
         launch(PROBE, ["ok", "-1"], stream=False, log_dir=path)
     assert str(raised.value) == error
+
+
+ARGV_PROBE = "import sys\nprint('argv', sys.argv[1:])\n"
+
+
+@pytest.mark.parametrize("words", [
+    ["SCRIPT", "--", "--foo", "-n", "3"],
+    ["--", "SCRIPT", "a", "--"],
+    ["-m", "argv_probe", "--", "-m", "x"],
+], ids=["dashes_after_the_script", "dashes_before_the_script", "module"])
+def test_every_word_after_the_script_reaches_it_as_python_passes_it(tmp_path, words):
+    """What follows SCRIPT (or -m MODULE) is its sys.argv[1:] exactly as
+    `python` would make it, '--' included; a '--' before SCRIPT ends the
+    launcher's options, as it ends python's."""
+    (tmp_path / "argv_probe.py").write_text(ARGV_PROBE)
+    words = [str(tmp_path / "argv_probe.py") if w == "SCRIPT" else w for w in words]
+    python = subprocess.run([sys.executable, *words], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert python.returncode == 0 and python.stdout.startswith("argv "), python.stderr
+    proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-n", "1", "--platform",
+                           "cpu", *words], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"[rank 0] {python.stdout}" in proc.stdout, (python.stdout, proc.stdout)
 
 
 @pytest.mark.parametrize("stderr", ["apart", "in_the_pipe"])

@@ -8,7 +8,8 @@ the shutdown noise listed in relay.NOISE) and, with --log-dir, kept as
 printed in one file per rank; should stdout's reader go away (`launch ... |
 head`), the ranks run on, read but no longer printed (relay.Output). The
 launcher exits non-zero if any rank fails, naming it, and kills every rank
-still running at the deadline.
+still running at the deadline. Every word after SCRIPT (or -m MODULE) goes
+to it as python would pass it (split_command).
 
 When a rank fails, the others get a short grace period (see
 default_grace_s) to report their own errors, then the launcher dumps the
@@ -242,10 +243,12 @@ def default_grace_s(platform: str, env) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m jax_ar launch",
-        usage="%(prog)s [options] (SCRIPT | -m MODULE) [ARGS ...]",
+        usage="%(prog)s [options] [--] (SCRIPT | -m MODULE) [ARGS ...]",
         description="Run SCRIPT (or -m MODULE) in N local processes joined by jax.distributed, "
-                    "each as __main__ with ARGS. SIGTERM, SIGHUP and Ctrl-C are forwarded to "
-                    "every rank; ranks still running 3 s later are killed.",
+                    "each as __main__ with ARGS: everything after SCRIPT or MODULE, passed on "
+                    "as python passes it ('--' and options included). SIGTERM, SIGHUP and "
+                    "Ctrl-C are forwarded to every rank; ranks still running 3 s later are "
+                    "killed.",
         epilog="exit status: 0 when every rank succeeded; the first failed rank's exit code "
                "(or 1); 124 at --timeout; 128 + N when signal N stopped the job; 2 for a "
                "usage error")
@@ -265,34 +268,69 @@ def build_parser() -> argparse.ArgumentParser:
                              "stream drops included), to rank<i>.log in DIR (created if "
                              "need be)")
     parser.add_argument("--quiet", action="store_true", help="do not stream rank output")
-    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
+    # SCRIPT, -m MODULE and ARGS are here for --help: split_command finds them.
+    parser.add_argument("-m", dest="module", metavar="MODULE",
                         help="run library module MODULE as a script, as python -m does "
                              "(what follows it goes to the module)")
     parser.add_argument("script", nargs="?", metavar="SCRIPT",
-                        help="the Python file every rank runs")
+                        help="the Python file every rank runs ('--' before it ends the "
+                             "launcher's options)")
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="arguments for SCRIPT or MODULE (its sys.argv[1:])")
+                        help="arguments for SCRIPT or MODULE (its sys.argv[1:], verbatim)")
     return parser
+
+
+def split_command(parser, argv):
+    """(launcher's options, "script" | "module" | None, its name, ARGS):
+    argv split where python would split it. The launcher's options end at
+    the first word that is neither an option nor an option's value, at -m
+    MODULE, or at '--' (which the launcher drops); the script or module
+    comes next and every word after it is its own, verbatim. (argparse
+    would drop a '--' meant for the script and take one after -m MODULE for
+    its own.)"""
+    argv = list(argv)
+    actions = parser._option_string_actions
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            name = argv[i + 1] if i + 1 < len(argv) else None
+            return argv[:i], ("script" if name is not None else None), name, argv[i + 2:]
+        if word.startswith("-m") and not word.startswith("--"):  # -m MODULE, -mMODULE
+            name = word[2:] or (argv[i + 1] if i + 1 < len(argv) else None)
+            rest = argv[i + 1:] if word[2:] else argv[i + 2:]
+            return argv[:i], "module", name, rest
+        if not word.startswith("-") or word == "-":
+            return argv[:i], "script", word, argv[i + 1:]
+        if word.startswith("--"):
+            action = None
+            if "=" not in word:
+                prefixed = [o for o in actions if o.startswith(word)]  # argparse's abbreviations
+                action = actions.get(word) or (actions[prefixed[0]] if len(prefixed) == 1
+                                               else None)
+        else:
+            action = actions.get(word) if len(word) == 2 else None  # -n3: value attached
+        i += 2 if action is not None and action.nargs != 0 else 1
+    return argv, None, None, []
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
-    module = None
-    if ns.module is not None:
-        if not ns.module:
+    options, kind, name, args = split_command(parser, sys.argv[1:] if argv is None else argv)
+    ns = parser.parse_args(options)
+    script = module = None
+    if kind == "module":
+        if not name:
             parser.error("argument -m: expected a module name")
-        module, args = ns.module[0], ns.module[1:]
-        if ns.script is not None:
-            parser.error("give SCRIPT or -m MODULE, not both")
+        module = name
         if importlib.util.find_spec(module.split(".")[0]) is None:
             parser.error(f"no module named {module.split('.')[0]!r}")
+    elif kind == "script":
+        script = name
+        if not os.path.exists(script):
+            parser.error(f"no such script: {script}")
     else:
-        if ns.script is None:
-            parser.error("give SCRIPT or -m MODULE")
-        if not os.path.exists(ns.script):
-            parser.error(f"no such script: {ns.script}")
-        args = ns.args
+        parser.error("give SCRIPT or -m MODULE")
     try:
         check_arguments(ns.num_processes, ns.cpu_devices, ns.timeout, ns.grace)
         resolve_platform(ns.platform, os.environ)
@@ -301,7 +339,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         parser.error(str(e))
     with forwarding_signals():
-        result = launch(ns.script, args, ns.num_processes, ns.cpu_devices, ns.platform,
+        result = launch(script, args, ns.num_processes, ns.cpu_devices, ns.platform,
                         ns.timeout, ns.log_dir, stream=not ns.quiet, grace_s=ns.grace,
                         module=module)
     # stdout's reader may have gone (`launch ... | head`: the ranks ran on,
