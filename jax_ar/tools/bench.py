@@ -19,6 +19,7 @@ import tempfile
 
 from .._norms import _check_eps as check_eps
 from . import sweep
+from .closed_output import print_or_silence
 from .auto_marks import auto_rows, label_of
 from .bench_data import DTYPES
 from .timing import typical_spread
@@ -380,21 +381,10 @@ def _write_and_print(doc: dict, out_dir: str, no_plot: bool) -> bool:
                   "(pip install matplotlib, or jax_ar[bench])", file=sys.stderr)
         except OSError as e:
             print(f"jax_ar bench: cannot write {png_path} ({e.strerror or e})", file=sys.stderr)
-    _print(format_table(doc) + (f"\n# wrote {', '.join(written)}" if written else ""))
+    print_or_silence(format_table(doc) + (f"\n# wrote {', '.join(written)}" if written else ""))
     if error:
         print(error, file=sys.stderr)
     return not error
-
-
-def _print(text: str) -> None:
-    """print, except that a reader gone away (`| head -2`) ends the output
-    quietly: what follows goes nowhere instead of raising BrokenPipeError."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 def _remove_if_empty(folder: str) -> None:

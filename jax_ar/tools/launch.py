@@ -43,6 +43,7 @@ import threading
 
 from ..config import DEFAULT_TIMEOUT_S
 from . import relay
+from .closed_output import flush_or_silence, print_or_silence
 from .launch_signals import STOP_SIGNALS, Job, current_scope, forwarding_signals
 from .relay import STOP_GRACE_S, LaunchResult
 
@@ -345,30 +346,6 @@ def main(argv=None) -> int:
     # stdout's reader may have gone (`launch ... | head`: the ranks ran on,
     # unprinted, relay.Output), and stderr's with it: no error of the job,
     # and no reason for a traceback.
-    _flush_or_silence(sys.stdout)
-    try:
-        print(f"jax_ar launch: {result.summary()}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        _silence(sys.stderr)
+    flush_or_silence(sys.stdout)
+    print_or_silence(f"jax_ar launch: {result.summary()}", sys.stderr)
     return result.exit_code
-
-
-def _flush_or_silence(stream) -> None:
-    try:
-        stream.flush()
-    except (OSError, ValueError):
-        _silence(stream)
-
-
-def _silence(stream) -> None:
-    """Points `stream`'s file descriptor at /dev/null, so that what is left
-    in its buffer goes nowhere at exit instead of failing again (Python
-    would print "Exception ignored ... BrokenPipeError" and exit 120)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, stream.fileno())
-        finally:
-            os.close(devnull)
-    except (OSError, ValueError):
-        pass

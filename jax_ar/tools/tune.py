@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import selection
 from . import sweep
+from .closed_output import print_or_silence
 from .bench_data import DTYPES
 from .timing import typical_spread
 from ..selection.table import (TABLE_ENV, CostCurve, Segment, Table, TableError, cache_dir,
@@ -343,7 +344,7 @@ def main(argv=None) -> int:
     lines += [f"# {algorithm}: {note}" for algorithm, note in notes.items()]
     if not error:
         lines.append(f"# wrote {path}")
-    _print("\n".join(lines))
+    print_or_silence("\n".join(lines))
     if error:
         print(error, file=sys.stderr)
         return 1
@@ -412,14 +413,3 @@ def _save_partial(raw: dict, path: str | None, reason: str, info: dict) -> None:
         return
     print(f"jax_ar tune: no table written; what was measured ({raw['partial']['cases_done']} of "
           f"{raw['partial']['cases_planned']} cases) is in {partial_path}", file=sys.stderr)
-
-
-def _print(text: str) -> None:
-    """print, except that a reader gone away (`| head`) ends the output
-    quietly instead of raising BrokenPipeError."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
