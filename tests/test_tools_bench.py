@@ -586,6 +586,24 @@ def test_sweep_at_its_timeout_exits_124_keeps_finished_groups_and_shows_no_empty
     assert error.partial["selection"] == {"table": "defaults", "picks": {"1024": "oneshot"}}
 
 
+def test_a_failed_rank_s_log_section_names_its_failure_as_the_summary_does(monkeypatch):
+    """A rank that raised and was then killed while exiting has returncode
+    -9; its log section says what the summary says (its own exit code)."""
+    from jax_ar.tools import sweep as _sweep
+    from jax_ar.tools.relay import LaunchResult
+
+    what = "raised ValueError: no such thing, exit code 1"
+    result = LaunchResult([-9, -15], ["Traceback ...\nValueError: no such thing\n", ""], False,
+                          failures=[(0, what)], stopped=[1], exiting_with={0: 1})
+    monkeypatch.setattr(_sweep.launch, "launch", lambda *a, **k: result)
+    with pytest.raises(_sweep.SweepError) as info:
+        _sweep.run_sweep({"cases": [{}]}, 2, "cpu", 5.0)
+    text = str(info.value)
+    assert f"----- rank 0 ({what}), last lines -----\nTraceback ...\nValueError: no such thing" \
+        in text, text
+    assert "-9" not in text and "rank 1 (" not in text, text
+
+
 def _sweep_config():
     """bench's config of 2 sizes (groups) of oneshot and twoshot: 4 cases."""
     from jax_ar.tools import bench, sweep as _sweep

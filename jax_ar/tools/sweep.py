@@ -367,9 +367,9 @@ def _failure_text(result, label: str = "bench", timeout_s: float | None = None) 
         return (f"jax_ar {label}: stopped at --timeout {timeout_s:g} s (the sweep was not done): "
                 f"{result.summary()}")
     parts = [f"jax_ar {label}: the benchmark ranks failed: {result.summary()}"]
-    for rank, _ in result.failures:
+    for rank, what in result.failures:
         lines = [l for l in result.logs[rank].splitlines() if not l.startswith("@@")]
-        if lines:
-            parts.append(f"----- rank {rank} (exit code {result.returncodes[rank]}), last "
-                         "lines -----\n" + "\n".join(lines[-40:]))
+        if lines:  # `what` as the summary says it (a rank killed while exiting: its own code)
+            parts.append(f"----- rank {rank} ({what}), last lines -----\n" +
+                         "\n".join(lines[-40:]))
     return "\n".join(parts)
