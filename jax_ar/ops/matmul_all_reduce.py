@@ -141,6 +141,9 @@ def _shardings(axis, mesh, arg_shapes):
     return (named(x_spec), named(w_spec), named(P())), (named(y_spec), named(P()))
 
 
+_NO_MESH = jax.sharding.AbstractMesh((), ())
+
+
 def _partition(axis, precision, preferred_element_type, algorithm, mesh, arg_shapes,
                result_shape):
     del result_shape
@@ -148,13 +151,18 @@ def _partition(axis, precision, preferred_element_type, algorithm, mesh, arg_sha
     comm, reason = _communicator(mesh, axis)
 
     def lower_fn(x, w, after):
-        y = _dot(x, w, precision, preferred_element_type)
-        (y,) = _call_order.after([y], after)  # CPU: not before the previous jax_ar call
-        plan = plan_one_axis("jax_ar.matmul_all_reduce", axis, comm, [y], "sum", algorithm,
-                             reason)
-        (y,) = run_all_reduce(plan, [y])
-        (done,) = _call_order.after([jnp.zeros((), jnp.float32)], y)  # exists once y does
-        return y, done
+        # XLA asks for the body while it compiles, inside the caller's
+        # jax.set_mesh: traced against that mesh, psum's reduction computation
+        # would carry a sharding custom call, which XLA cannot reduce with
+        # ("Unsupported reduction computation"). The body is per shard: no mesh.
+        with jax.sharding.use_abstract_mesh(_NO_MESH):
+            y = _dot(x, w, precision, preferred_element_type)
+            (y,) = _call_order.after([y], after)  # CPU: not before the previous jax_ar call
+            plan = plan_one_axis("jax_ar.matmul_all_reduce", axis, comm, [y], "sum", algorithm,
+                                 reason)
+            (y,) = run_all_reduce(plan, [y])
+            (done,) = _call_order.after([jnp.zeros((), jnp.float32)], y)  # exists once y does
+            return y, done
 
     return mesh, lower_fn, out_shardings, arg_shardings
 

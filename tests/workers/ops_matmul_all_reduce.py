@@ -158,7 +158,7 @@ def suite_jit_unplaced(comms):
     PartitionSpec constraint (reshard where the axes are Explicit) and
     arrays made inside jit. XLA's partitioner then names no mesh; the call
     still partitions over the set_mesh mesh and sums with jax_ar's kernel."""
-    rng = np.random.default_rng(SEED + 47)
+    rng = np.random.default_rng(SEED + 48)
     for comm in comms[:2]:
         mesh = comm.mesh
         n = mesh.devices.size
@@ -300,6 +300,14 @@ def suite_fallback(comms):
     assert any("matmul_all_reduce over 'other' lowers to jax.lax.psum" in m
                for m in records.messages), \
         records.messages
+    # psum inside the partitioned body under jax.set_mesh (as models run):
+    # its reduction must not carry the mesh's sharding annotations.
+    for comm in comms[:2]:
+        mesh = comm.mesh
+        args = (global_array(x, mesh, P(None, "tp")), global_array(w, mesh, P("tp", None)))
+        with jax.set_mesh(mesh):
+            y = jax.jit(lambda a, b: jax_ar.matmul_all_reduce(a, b, "tp", algorithm="psum"))(*args)
+        check_shards(y, exact_product(x, w), f"psum under jax.set_mesh, {mesh.axis_types[0]}")
     log("fallback: ok")
 
 
