@@ -36,6 +36,9 @@ ALGORITHMS = ("auto", "oneshot", "twoshot", "psum")
 # docs/guarantees.md). Raise it (JAX_AR_TIMEOUT_S) when compile times differ
 # more than that between ranks.
 DEFAULT_TIMEOUT_S = 15.0
+# The longest deadline: the backends count deadlines in nanoseconds in 64
+# bits (about 9.2e9 s before they wrap, and a wrapped one expires at once).
+MAX_TIMEOUT_S = 1e6
 
 logger = logging.getLogger("jax_ar")
 _level = os.environ.get("JAX_AR_LOG", "").strip().upper()
@@ -117,8 +120,9 @@ def resolve_timeout(explicit: float | None = None) -> float:
         source = "timeout_s"
     if isinstance(explicit, bool) or not isinstance(explicit, (int, float)):
         raise TypeError(f"{source} must be a number of seconds, got {explicit!r}")
-    if not explicit > 0 or explicit != explicit or explicit == float("inf"):
-        raise ValueError(f"{source} must be a positive, finite number of seconds, got {explicit!r}")
+    if not 0 < explicit <= MAX_TIMEOUT_S:  # NaN fails both comparisons
+        raise ValueError(f"{source} must be a positive number of seconds, at most "
+                         f"{MAX_TIMEOUT_S:.0f} (11.6 days), got {explicit!r}")
     return float(explicit)
 
 

@@ -500,6 +500,9 @@ def test_bench_out_dir_that_cannot_be_made_is_a_usage_error_before_any_rank(
 @pytest.mark.parametrize("env,message", [
     ({"JAX_AR_ALGO": "bogus"}, "JAX_AR_ALGO must be one of"),
     ({"JAX_AR_TIMEOUT_S": "abc"}, "JAX_AR_TIMEOUT_S must be a number of seconds, got 'abc'"),
+    ({"JAX_AR_TIMEOUT_S": "1e10"}, "JAX_AR_TIMEOUT_S must be a positive number of seconds, at "
+                                   "most 1000000 (11.6 days), got 10000000000.0"),
+    ({"JAX_AR_TIMEOUT_S": "nan"}, "JAX_AR_TIMEOUT_S must be a positive number of seconds"),
     ({"JAX_AR_TABLE": "/nonexistent/table.json"}, "table.json does not exist"),
     ({"JAX_AR_TABLE": None}, "table-cpu-cpu-n2.json cannot be read as JSON"),
 ])
