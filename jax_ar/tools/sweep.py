@@ -182,13 +182,15 @@ def mps_running() -> bool:
         return False
 
 
-def check_environment(platform: str, world: int, table: bool = True) -> None:
+def check_environment(platform: str, world: int, table: bool = True,
+                      algorithm: bool = True) -> None:
     """ValueError, one line naming the variable, for a setting every rank's
-    jax_ar.setup would reject: JAX_AR_ALGO, JAX_AR_TIMEOUT_S and (`table`)
-    the algorithm table the ranks would read (check_table)."""
+    jax_ar.setup would reject: JAX_AR_TIMEOUT_S, (`algorithm`) JAX_AR_ALGO
+    and (`table`) the algorithm table the ranks would read (check_table)."""
     from .. import config as ar_config
 
-    ar_config.algorithm_override()
+    if algorithm:
+        ar_config.algorithm_override()
     try:
         ar_config.resolve_timeout()
     except TypeError as e:

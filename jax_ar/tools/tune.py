@@ -199,6 +199,12 @@ def _norm_summary(table: Table, measured: dict) -> str:
     return "\n".join(lines)
 
 
+# What tune's ranks run with: the shipped table (the table being made may
+# not exist yet, or be broken) and no JAX_AR_ALGO, which would turn the
+# pair's all-reduce ("composed", timed with algorithm="auto") into its pick.
+RANK_ENV = {TABLE_ENV: "default", "JAX_AR_ALGO": ""}
+
+
 def destination(out: str | None) -> tuple[str | None, str]:
     """(the table file to write, what named it): --out, else $JAX_AR_TABLE
     (unless "default"), else (None, ...): the cache path, which takes the
@@ -242,9 +248,9 @@ def main(argv=None) -> int:
             raise ValueError("tune fits curves to 2 or more message sizes of at least 4 bytes "
                              "(one float32 element); the sizes from -b to -e hold "
                              f"{len([b for b in sizes if b >= 4])}")
-        # The ranks read no table (JAX_AR_TABLE=default): the rest of what
-        # their jax_ar.setup would reject.
-        sweep.check_environment(platform, ranks, table=False)
+        # The ranks read no table (JAX_AR_TABLE=default) and take no
+        # JAX_AR_ALGO (RANK_ENV): the rest of what their setup would reject.
+        sweep.check_environment(platform, ranks, table=False, algorithm=False)
         path, named_by = destination(ns.out)
         check_destination(path, named_by)
         shared = sweep.shared_gpu_reason(platform, ranks, gpus)
@@ -269,12 +275,16 @@ def main(argv=None) -> int:
     config.update(cases=cases, unavailable=unavailable, eps=1e-6, seed=0)
     print(f"jax_ar tune: {len(cases)} measurements on {ranks} {platform.upper()} ranks ...",
           file=sys.stderr, flush=True)
+    override = os.environ.get("JAX_AR_ALGO", "").strip()
+    if override and override.lower() != "auto":
+        print(f"jax_ar tune: JAX_AR_ALGO={override} is ignored: tune times each algorithm "
+              "itself, and the pair with the shipped table's picks", file=sys.stderr, flush=True)
     info = {"command": "python -m jax_ar tune " + " ".join(shlex.quote(a) for a in (argv or [])),
             "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
                                                "warmup")}}
     try:
         raw = sweep.run_sweep(config, ranks, platform, ns.timeout, progress_label="tune",
-                              env={TABLE_ENV: "default"})
+                              env=RANK_ENV)
     except sweep.SweepError as e:
         print(str(e), file=sys.stderr, flush=True)
         if e.partial is not None:
