@@ -314,6 +314,17 @@ def test_overrides_and_logging():
     run_ranks("selection_auto.py", processes=1, devices_per_process=2, timeout_s=300)
 
 
+def test_processes_that_would_choose_differently_fail_setup_saying_why():
+    """Another table (JAX_AR_TABLE, tune's cache) or JAX_AR_ALGO on one
+    process: setup's error names both processes, where each side's table
+    came from (not only digests), what JAX_AR_ALGO each has as typed, and
+    advises the same JAX_AR_TABLE / JAX_AR_ALGO, not the same mesh."""
+    if ON_GPU:
+        pytest.skip("the checks run on CPU devices")
+    run_ranks("selection_auto.py", "disagree", processes=2, devices_per_process=1,
+              timeout_s=300)
+
+
 @pytest.mark.parametrize("value,level,said", [("info", 20, ""), ("Error", 40, ""),
                                                 ("bogus", 0, "is not a log level")])
 def test_log_level_from_the_environment(value, level, said):

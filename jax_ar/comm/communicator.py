@@ -20,6 +20,7 @@ import collections
 import hashlib
 import os
 import threading
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -30,7 +31,7 @@ from ..errors import JaxArError, error_for
 from .backend import Backend
 from .rendezvous import Rendezvous, machine_identity
 
-__all__ = ["Communicator", "close_all", "communicator_by_id", "describe_groups",
+__all__ = ["Agreement", "Communicator", "close_all", "communicator_by_id", "describe_groups",
            "find_communicator", "mesh_groups", "open_communicator", "open_communicators"]
 
 MIN_WORKSPACE_BYTES = 1 << 20
@@ -167,8 +168,8 @@ def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
     """jax_ar.setup(): the communicator of `axis_name` over the device groups
     of `mesh` along it, set up once (later calls with the same axis and
     groups return it). Collective over the
-    processes that own devices of the mesh. `agreement(comm)` gives more
-    fields (JSON-able) that every process must agree on, next to the
+    processes that own devices of the mesh. `agreement(comm)` gives an
+    Agreement: more fields that every process must agree on, next to the
     configuration."""
     if not isinstance(mesh, jax.sharding.Mesh):
         raise TypeError(f"jax_ar.setup needs a jax.sharding.Mesh, got {type(mesh).__name__}")
@@ -213,7 +214,7 @@ def open_communicator(mesh, axis_name, workspace_bytes=None, timeout_s=None,
         _generations[key] += 1
         comm_id = _stable_id(key, _generations[key])
         comm = Communicator(mesh, axis_name, platform, groups, workspace_bytes, timeout, comm_id)
-        _connect(comm, agreement or (lambda comm: {}))
+        _connect(comm, agreement or (lambda comm: Agreement({})))
         _open[key] = comm
         _closed.pop(key, None)
         return comm
@@ -307,9 +308,24 @@ def host_identity() -> str:
     return os.environ.get("JAX_AR_HOST_ID") or machine_identity()
 
 
-def _fingerprint(comm: Communicator, agreement) -> dict:
+class Agreement(NamedTuple):
+    """What else every process of a setup must agree on (jax_ar.setup: how
+    algorithms are chosen). `values` (JSON-able) are compared; `shown` says
+    a value in an error where its repr would not tell the user what it is
+    (where it came from); `advice` is what to do when one of them differs."""
+    values: dict
+    shown: dict | None = None
+    advice: str = ""
+
+
+# What to do when the configuration itself differs between processes.
+_CONFIGURATION_ADVICE = ("Every process must call jax_ar.setup with the same mesh, axis and "
+                         "workspace_bytes, and run the same jax_ar version.")
+
+
+def _fingerprint(comm: Communicator, agreed: Agreement) -> dict:
     return {
-        **agreement(comm),
+        **agreed.values,
         "version": __version__,
         "platform": comm.platform,
         "axis": comm.axis_name,
@@ -317,6 +333,28 @@ def _fingerprint(comm: Communicator, agreement) -> dict:
         "group_size": comm.world_size,
         "workspace_bytes": comm.workspace_bytes,
     }
+
+
+def _disagreement(mine: dict, theirs: dict, agreed: Agreement, me: str, them: str,
+                  their_process: int, label: str) -> str:
+    """setup's error for two processes' differing fingerprints (with what
+    each side's `shown` says of its values): every field that differs, and
+    what to do about those."""
+    def show(side, key):
+        value = side["fingerprint"].get(key)
+        return side.get("shown", {}).get(key) or repr(value)
+
+    keys = [k for k in sorted(set(mine["fingerprint"]) | set(theirs["fingerprint"]))
+            if mine["fingerprint"].get(k) != theirs["fingerprint"].get(k)]
+    diffs = [f"{k}: {show(mine, k)} here vs {show(theirs, k)} on process {their_process}"
+             for k in keys]
+    advice = []
+    if any(k not in agreed.values for k in keys):
+        advice.append(_CONFIGURATION_ADVICE)
+    if agreed.advice and any(k in agreed.values for k in keys):
+        advice.append(agreed.advice)
+    return (f"jax_ar.setup: {me} and {them} disagree on the configuration of {label}: "
+            f"{'; '.join(diffs)}. {' '.join(advice)}")
 
 
 def _connect(comm: Communicator, agreement) -> None:
@@ -369,24 +407,19 @@ def _establish(comm, backend, rendezvous, me, label, describe, agreement):
         except (RuntimeError, OSError, MemoryError) as e:
             raise JaxArError(f"jax_ar.setup: {describe(me)} could not allocate its "
                              f"{nbytes}-byte workspace (workspace_bytes) on {d}: {e}") from e
+    agreed = agreement(comm)
     info = rendezvous.all_gather("info", {
-        "fingerprint": _fingerprint(comm, agreement),
+        "fingerprint": _fingerprint(comm, agreed),
+        "shown": agreed.shown or {},
         "host": host_identity(),
         "handles": {str(k): v for k, v in handles.items()},
         "hardware": {str(d.id): backend.physical_id(d) for d in local_devices},
     })
 
-    mine = info[me]["fingerprint"]
     for process, other in sorted(info.items()):
-        if other["fingerprint"] != mine:
-            diffs = [f"{k}: {mine.get(k)!r} here vs {other['fingerprint'].get(k)!r}"
-                     for k in sorted(set(mine) | set(other["fingerprint"]))
-                     if mine.get(k) != other["fingerprint"].get(k)]
-            raise JaxArError(
-                f"jax_ar.setup: {describe(me)} and {describe(process)} disagree on the "
-                f"configuration of {label}: {'; '.join(diffs)}. Every process must call "
-                "jax_ar.setup with the same mesh, axis and workspace_bytes, and run the same "
-                "jax_ar version.")
+        if other["fingerprint"] != info[me]["fingerprint"]:
+            raise JaxArError(_disagreement(info[me], other, agreed, describe(me),
+                                           describe(process), process, label))
 
     host_of = {p: v["host"] for p, v in info.items()}
     spanning = [g for g in comm.groups if len({host_of[d.process_index] for d in g}) > 1]
