@@ -197,6 +197,19 @@ BAD_TABLES = {
         {"up_to_bytes": None, "latency_us": float("nan"), "us_per_mb": 1.0}]), "finite"),
     "negative time": (bad_segments(curve=[
         {"up_to_bytes": None, "latency_us": -5.0, "us_per_mb": 1.0}]), "negative time"),
+    # What json or float() cannot take is a TableError too, not a crash.
+    "integer beyond any float": (bad_segments(curve=[
+        {"up_to_bytes": None, "latency_us": 10 ** 400, "us_per_mb": 1.0}]),
+        "latency_us must be a finite number, got 1000"),
+    "integer of 5000 digits": ('{"schema": "jax_ar.algorithm_table", "x": ' + "9" * 5000 + "}",
+                               "integer of too many digits"),
+    "deep nesting": ("[" * 100000 + "]" * 100000, "nest too deeply"),
+    "size beyond int64": (bad_segments(curve=[
+        {"up_to_bytes": 10 ** 400, "latency_us": 1.0, "us_per_mb": 1.0},
+        {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": 1.0}]), "at most 2**63 - 1"),
+    "time beyond any float": (bad_segments(curve=[
+        {"up_to_bytes": 1 << 62, "latency_us": 1e308, "us_per_mb": 1e308},
+        {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": 1.0}]), "beyond any float"),
     "extra field": (bad_segments(curve=[
         {"up_to_bytes": None, "latency_us": 1.0, "us_per_mb": 1.0, "x": 1}]), "exactly"),
 }
@@ -213,6 +226,26 @@ def test_bad_table_is_rejected_naming_the_file(case, tmp_path, monkeypatch):
     # Never silently replaced by the defaults on a later call either.
     with pytest.raises(_table.TableError):
         selection.table_for("cpu", "cpu", 2)
+
+
+def test_negative_intercept_of_a_later_segment_is_accepted(tmp_path, monkeypatch):
+    """latency_us is a segment's intercept: a later segment's may be negative
+    (tune's fit makes such lines) while its predictions are not."""
+    doc = bad_segments(curve=[
+        {"up_to_bytes": 1 << 20, "latency_us": 5.0, "us_per_mb": 1.0},
+        {"up_to_bytes": None, "latency_us": -50.0, "us_per_mb": 60.0}])
+    monkeypatch.setenv("JAX_AR_TABLE", write(tmp_path / "table.json", doc))
+    table = selection.table_for("cpu", "cpu", 2)
+    assert table.round_us("twoshot", 1 << 20) > 0 and table.round_us("twoshot", 1 << 30) > 0
+
+
+def test_error_messages_cut_long_values_short(tmp_path, monkeypatch):
+    doc = bad_segments(curve=[
+        {"up_to_bytes": None, "latency_us": 10 ** 4000, "us_per_mb": 1.0}])
+    monkeypatch.setenv("JAX_AR_TABLE", write(tmp_path / "table.json", doc))
+    with pytest.raises(_table.TableError) as info:
+        selection.table_for("cpu", "cpu", 2)
+    assert "(4001 characters)" in str(info.value) and len(str(info.value)) < 600, info.value
 
 
 def test_schema_1_table_loads_with_default_norm_curves(tmp_path, monkeypatch):

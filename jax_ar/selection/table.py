@@ -190,37 +190,59 @@ def load_table(path: str, platform: str, device_kind: str, world_size: int,
         reject("does not exist")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         reject(f"cannot be read as JSON ({e})")
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        reject("cannot be read as JSON (it holds an integer of too many digits)")
+    except RecursionError:
+        reject("cannot be read as JSON (its arrays or objects nest too deeply)")
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        reject(f"is not a jax_ar algorithm table (schema {_get(doc, 'schema')!r}, "
+        reject(f"is not a jax_ar algorithm table (schema {_shown(_get(doc, 'schema'))}, "
                f"expected {SCHEMA!r})")
     schema_version = doc.get("schema_version")
     if isinstance(schema_version, bool) or not isinstance(schema_version, int) or \
             not 1 <= schema_version <= SCHEMA_VERSION:
-        reject(f"has schema_version={schema_version!r}; this jax_ar reads "
+        reject(f"has schema_version={_shown(schema_version)}; this jax_ar reads "
                f"{list(range(1, SCHEMA_VERSION + 1))}")
     expected = {"jax_ar_version": version, "platform": platform, "device_kind": device_kind,
                 "world_size": world_size}
     for field, want in expected.items():
         if doc.get(field) != want:
-            reject(f"was made for {field}={doc.get(field)!r}, but this run has "
+            reject(f"was made for {field}={_shown(doc.get(field))}, but this run has "
                    f"{field}={want!r}")
     names = _schema_curves(schema_version, platform)
     algorithms = doc.get("algorithms")
     if not isinstance(algorithms, dict) or set(algorithms) != set(names):
         reject(f"must give cost curves for exactly {list(names)} (schema "
                f"{schema_version}), has "
-               f"{sorted(algorithms) if isinstance(algorithms, dict) else algorithms!r}")
+               f"{sorted(algorithms) if isinstance(algorithms, dict) else _shown(algorithms)}")
     curves = {}
     for name in names:
         try:
             curves[name] = _parse_curve(algorithms[name])
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ArithmeticError) as e:
             reject(f"has a malformed cost curve for {name!r}: {e}")
     return Table(platform, device_kind, world_size, curves, path)
 
 
 def _get(doc, key):
     return doc.get(key) if isinstance(doc, dict) else type(doc).__name__
+
+
+def _shown(value, limit: int = 60) -> str:
+    """repr(value) for an error message, cut short where a file holds a long
+    one (a 4000-digit integer, a whole list)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
+# Sizes are int64 in XLA; a larger bound could not be compared with one.
+_MAX_BYTES = (1 << 63) - 1
 
 
 def _parse_curve(entries) -> CostCurve:
@@ -234,21 +256,27 @@ def _parse_curve(entries) -> CostCurve:
         last = i == len(entries) - 1
         if last and up_to is not None:
             raise ValueError("the last segment must have up_to_bytes null (no upper end)")
-        if not last and (isinstance(up_to, bool) or not isinstance(up_to, int) or up_to <= previous):
-            raise ValueError(f"segment {i}: up_to_bytes must be an integer above {previous}, "
-                             f"got {up_to!r}")
+        if not last and (isinstance(up_to, bool) or not isinstance(up_to, int)
+                         or not previous < up_to <= _MAX_BYTES):
+            raise ValueError(f"segment {i}: up_to_bytes must be an integer above {previous} "
+                             f"and at most 2**63 - 1, got {_shown(up_to)}")
         values = []
         for field in ("latency_us", "us_per_mb"):
             v = entry[field]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"segment {i}: {field} must be a finite number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+                raise ValueError(f"segment {i}: {field} must be a finite number, got "
+                                 f"{_shown(v)}")
             values.append(float(v))
         if values[1] < 0:
             raise ValueError(f"segment {i}: us_per_mb must not be negative, got {values[1]}")
         segment = Segment(up_to, *values)
-        # A round never costs less than nothing, at either end of its range.
-        if segment.predict(previous) < 0 or (up_to is not None and segment.predict(up_to) < 0):
+        # A round never costs less than nothing, at either end of its range
+        # (latency_us, the intercept, may be negative in a later segment).
+        ends = [segment.predict(previous)] + ([segment.predict(up_to)] if up_to is not None else [])
+        if any(t < 0 for t in ends):
             raise ValueError(f"segment {i} predicts a negative time")
+        if not all(math.isfinite(t) for t in ends):
+            raise ValueError(f"segment {i} predicts a time beyond any float")
         segments.append(segment)
         previous = up_to if up_to is not None else previous
     return CostCurve(tuple(segments))
