@@ -1,9 +1,12 @@
 """Environment settings and jax_ar's logger.
 
-JAX_AR_ALGO       overrides algorithm="auto" (oneshot | twoshot | psum)
+JAX_AR_ALGO       overrides algorithm="auto" (oneshot | twoshot | psum; any case)
 JAX_AR_TIMEOUT_S  deadline in seconds for every wait (setup and calls)
-JAX_AR_LOG        log level of the "jax_ar" logger: info logs each choice once;
-                  error silences the fallback warnings (`report`)
+JAX_AR_LOG        log level of the "jax_ar" logger, read once at `import jax_ar`
+                  (any case: debug, info, warning or warn, error, critical,
+                  notset): info logs each choice once; error silences the
+                  fallback warnings (`report`); another value is warned of
+                  on stderr and ignored
 JAX_AR_TABLE      cost table file for algorithm="auto", or "default"
                   (selection/table.py)
 """
@@ -127,10 +130,12 @@ def resolve_timeout(explicit: float | None = None) -> float:
 
 
 def algorithm_override() -> str | None:
-    """JAX_AR_ALGO if set (checked), else None."""
-    text = os.environ.get("JAX_AR_ALGO", "").strip().lower()
+    """JAX_AR_ALGO if set (checked; any case, blanks around it ignored), else
+    None. A bad value's error shows it as the user typed it."""
+    typed = os.environ.get("JAX_AR_ALGO", "")
+    text = typed.strip().lower()
     if not text or text == "auto":
         return None
     if text not in ALGORITHMS:
-        raise ValueError(f"jax_ar: JAX_AR_ALGO must be one of {ALGORITHMS}, got {text!r}")
+        raise ValueError(f"jax_ar: JAX_AR_ALGO must be one of {ALGORITHMS}, got {typed!r}")
     return text

@@ -358,7 +358,24 @@ def test_processes_that_would_choose_differently_fail_setup_saying_why():
               timeout_s=300)
 
 
+@pytest.mark.parametrize("typed,value", [(" OneShot ", "oneshot"), ("PSUM", "psum"),
+                                         ("\tAuto\n", None), ("", None)])
+def test_jax_ar_algo_takes_any_case_and_blanks(typed, value, monkeypatch):
+    from jax_ar import config
+    monkeypatch.setenv("JAX_AR_ALGO", typed)
+    assert config.algorithm_override() == value
+
+
+def test_a_bad_jax_ar_algo_is_shown_as_typed(monkeypatch):
+    from jax_ar import config
+    monkeypatch.setenv("JAX_AR_ALGO", " Fastest ")
+    with pytest.raises(ValueError) as info:
+        config.algorithm_override()
+    assert str(info.value).endswith("got ' Fastest '"), info.value
+
+
 @pytest.mark.parametrize("value,level,said", [("info", 20, ""), ("Error", 40, ""),
+                                                (" warn ", 30, ""), ("NOTSET", 0, ""),
                                                 ("bogus", 0, "is not a log level")])
 def test_log_level_from_the_environment(value, level, said):
     """JAX_AR_LOG sets the "jax_ar" logger's level; a value that is no level
