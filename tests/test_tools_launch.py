@@ -97,6 +97,37 @@ def test_collectives_chatter_and_exit_noise_are_dropped_but_logged(tmp_path):
         assert "[Gloo]" in kept and "WatchTasksAsync" in kept and "grpc_util.h" in kept
 
 
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_bad_jax_ar_cpu_devices_is_one_line_naming_it(value):
+    """JAX_AR_CPU_DEVICES is what --cpu-devices gives each rank (a value in
+    the launcher's environment passes on without it): a bad one is one line
+    naming the variable, not a traceback from int()."""
+    result = launch(PROBE, ["ok", "-1"], num_processes=1, platform="cpu", timeout_s=120,
+                    stream=False, env=dict(os.environ, JAX_AR_CPU_DEVICES=value))
+    assert not result.ok and result.returncodes == [1], result.summary()
+    assert f"jax_ar: JAX_AR_CPU_DEVICES must be a whole number of at least 1, got {value!r}" \
+        in result.logs[0] and "--cpu-devices" in result.logs[0], result.logs[0]
+    assert "Traceback" not in result.logs[0], result.logs[0]
+
+
+def test_bootstrap_outside_launch_is_one_line_naming_the_variable():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_AR_")}
+    proc = subprocess.run([sys.executable, "-m", "jax_ar.tools.bootstrap", PROBE, "ok", "-1"],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(env, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 1, proc
+    assert proc.stderr.strip() == ("jax_ar: JAX_AR_COORDINATOR is not set (set by `python -m "
+                                   "jax_ar launch` for its ranks; run the script with launch)"), \
+        proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "jax_ar.tools.bootstrap", PROBE, "ok", "-1"],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(env, JAX_PLATFORMS="cpu", JAX_AR_COORDINATOR="127.0.0.1:1",
+                                   JAX_AR_NUM_PROCESSES="2", JAX_AR_PROCESS_ID="two"))
+    assert proc.returncode == 1, proc
+    assert proc.stderr.strip().startswith("jax_ar: JAX_AR_PROCESS_ID must be a whole number of "
+                                          "at least 0, got 'two'"), proc.stderr
+
+
 def test_module_runs_like_python_dash_m():
     proc = subprocess.run([sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--platform",
                            "cpu", "-m", "tools_launch_probe", "fail", "1"], cwd=WORKERS,

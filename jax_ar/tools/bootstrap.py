@@ -34,21 +34,56 @@ class _Stopped(SystemExit):
         self.signum = signum
 
 
+# What `launch` sets for its ranks (jax_ar/tools/launch.py), and what a bad
+# value tells the user: JAX_AR_CPU_DEVICES is --cpu-devices (a value the
+# launcher inherits is passed on when --cpu-devices is not given); the rest
+# are the launcher's own.
+_FROM_LAUNCH = "set by `python -m jax_ar launch` for its ranks; run the script with launch"
+_CPU_DEVICES_TODO = ("it is what `python -m jax_ar launch --cpu-devices K` gives each rank; "
+                     "unset it, or pass --cpu-devices")
+
+
+def _env_int(name: str, minimum: int, todo: str = _FROM_LAUNCH, text: str | None = None) -> int:
+    """The integer the launcher's variable `name` holds; one line naming the
+    variable (SystemExit, no traceback) if it is missing or no such number."""
+    text = os.environ.get(name) if text is None else text
+    if text is None:
+        sys.exit(f"jax_ar: {name} is not set ({todo})")
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        sys.exit(f"jax_ar: {name} must be a whole number of at least {minimum}, got {text!r} "
+                 f"({todo})")
+    return value
+
+
 def initialize_from_env() -> None:
     import jax
 
     cpu_devices = os.environ.get("JAX_AR_CPU_DEVICES")
     if cpu_devices:
-        jax.config.update("jax_num_cpu_devices", int(cpu_devices))
+        jax.config.update("jax_num_cpu_devices",
+                          _env_int("JAX_AR_CPU_DEVICES", 1, _CPU_DEVICES_TODO))
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":
         # psum across processes on CPU needs a collectives implementation.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     local_ids = os.environ.get("JAX_AR_LOCAL_DEVICE_IDS")
+    coordinator = os.environ.get("JAX_AR_COORDINATOR")
+    if not coordinator:
+        sys.exit(f"jax_ar: JAX_AR_COORDINATOR is not set ({_FROM_LAUNCH})")
+    num_processes = _env_int("JAX_AR_NUM_PROCESSES", 1)
+    process_id = _env_int("JAX_AR_PROCESS_ID", 0)
+    if process_id >= num_processes:
+        sys.exit(f"jax_ar: JAX_AR_PROCESS_ID={process_id} is not below "
+                 f"JAX_AR_NUM_PROCESSES={num_processes} ({_FROM_LAUNCH})")
     jax.distributed.initialize(
-        coordinator_address=os.environ["JAX_AR_COORDINATOR"],
-        num_processes=int(os.environ["JAX_AR_NUM_PROCESSES"]),
-        process_id=int(os.environ["JAX_AR_PROCESS_ID"]),
-        local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None,
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=[_env_int("JAX_AR_LOCAL_DEVICE_IDS", 0, text=i)
+                          for i in local_ids.split(",")] if local_ids else None,
     )
 
 
@@ -120,7 +155,7 @@ def _die_with_launcher() -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if launcher and os.getppid() != int(launcher):
+    if launcher and os.getppid() != _env_int("JAX_AR_LAUNCHER_PID", 1):
         os._exit(128 + signal.SIGKILL)  # the launcher died before prctl took effect
 
 
