@@ -54,10 +54,15 @@ _lock = threading.Lock()
 _tables: dict = {}
 
 
-def table_for(platform: str, device_kind: str | None, world: int) -> Table:
+def table_for(platform: str, device_kind: str | None, world: int, *,
+              named_file: bool = True) -> Table:
     """The table serving this key (loaded once per process and key).
-    Raises TableError for a bad file; a bad file is never skipped."""
+    Raises TableError for a bad file; a bad file is never skipped.
+    named_file=False passes over a file that JAX_AR_TABLE names (it holds
+    one world size, the communicator's) for the cache's or shipped table."""
     override = os.environ.get(TABLE_ENV, "").strip()
+    if not named_file and override.lower() != "default":
+        override = ""
     key = (platform, device_kind, world, override)
     with _lock:
         if key in _tables:
@@ -189,7 +194,9 @@ def _across_us(platform: str, device_kind, hosts: int, nbytes: int) -> float:
     if platform == "gpu":
         moved = 2 * (hosts - 1) / hosts * nbytes  # a ring all-reduce's traffic per rank
         return _ACROSS_GPU_LATENCY_US + moved / _ACROSS_GPU_BUS_BYTES_PER_US
-    return predict_us(table_for(platform, device_kind, hosts), "psum", nbytes)
+    # The psum curve of `hosts` ranks: JAX_AR_TABLE's file, if any, is the
+    # communicator's (another world size, which would be rejected).
+    return predict_us(table_for(platform, device_kind, hosts, named_file=False), "psum", nbytes)
 
 
 def _half_us(table, nbytes: int, capacity) -> float:

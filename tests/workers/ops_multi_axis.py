@@ -13,10 +13,12 @@ where the data make every order agree), across all ranks, and between the
 two plans. On the GPU machine, where psum cannot run between ranks sharing a
 GPU, only the suites without a cross-host psum run.
 """
+import json
 import logging
 import os
 import re
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +32,7 @@ os.environ["JAX_AR_HOST_ID"] = f"host{jax.process_index() // PROCESSES_PER_HOST}
 
 import jax_ar  # noqa: E402
 from axes_cases import run_cases  # noqa: E402
-from common import Records, SuiteSkipped, expect_error  # noqa: E402
+from common import Records, SuiteSkipped, environment, expect_error  # noqa: E402
 from common import (DTYPES, OPS, assert_bitwise_equal, assert_close_to_float64,  # noqa: E402
                     emulate_all_reduce, global_array, log, main_guard, run_suites, suites_in, random_values,
                     same_on_all_processes)
@@ -350,6 +352,36 @@ def suite_scatter_gather_both_axes(mesh, per_host):
             assert_bitwise_equal(got, expected[name][r], f"{name} rank {r}")
             assert_bitwise_equal(got, theirs[name][r], f"{name} rank {r} vs lax")
     log(f"scatter_gather_both_axes: {len(cases)} cases ok")
+
+
+def suite_table_file(mesh, per_host):
+    """JAX_AR_TABLE naming a table of the intra-host world size (as tune
+    writes one): an all-reduce over both axes predicts its part inside a
+    host from that file and the psum across hosts from the shipped table
+    (a file of one world size cannot serve both; it was rejected)."""
+    if ON_GPU:
+        raise SuiteSkipped("the psum across hosts cannot run where ranks share a GPU")
+    from jax_ar import selection
+    from jax_ar.selection import defaults, table as table_file
+
+    n, L = mesh.devices.size, per_host_devices(mesh)
+    kind = jax.devices()[0].device_kind
+    doc = table_file.table_to_json(defaults.default_table("cpu", kind, L), jax_ar.__version__)
+    path = os.path.join(tempfile.mkdtemp(), f"table-n{L}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    rng = np.random.default_rng(SEED + 9)
+    parts = [random_values(rng, (300,), np.float32, True) for _ in range(n)]
+    want = multi_axis_reference(parts, L, "sum")
+    selection.clear_cache()
+    try:
+        with environment("JAX_AR_TABLE", path):
+            results = run_cases(mesh, {"auto": (lambda x: jax_ar.all_reduce(x, AXES), [parts])})
+    finally:
+        selection.clear_cache()
+    for r, got in results["auto"].items():
+        assert_bitwise_equal(got, want, f"JAX_AR_TABLE of {L} ranks, {n // L} hosts, rank {r}")
+    log("table_file: ok")
 
 
 def suite_bad_input(mesh, per_host):
