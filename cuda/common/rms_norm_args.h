@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "common/ffi_util.h"
@@ -109,6 +110,26 @@ struct NormVectors {
   bool post_norm = false;     // post_gamma given: the sum is normalized before the residual add
   bool bias = false;          // bias given: added to the sum first
 };
+
+// What peers of one all_reduce_rms_norm call must agree on beyond its
+// operation, algorithm and world: both backends mix it into the call's
+// signature, so a peer whose call differs in any of these (a row split
+// alike in bytes, eps, the vectors, the output type) fails at once instead
+// of normalizing rows the others did not send.
+inline uint64_t NormCallHash(ffi::DataType x, ffi::DataType residual, size_t rows, size_t hidden,
+                             int32_t quantize, float eps, const NormVectors& vectors) {
+  uint32_t eps_bits = 0;
+  std::memcpy(&eps_bits, &eps, sizeof(eps_bits));
+  uint64_t hash = HashMix(kFnvOffset, 0x52534e4f524dull);  // "RSNORM": never an all_reduce's
+  for (uint64_t v : {static_cast<uint64_t>(x), static_cast<uint64_t>(residual),
+                     static_cast<uint64_t>(rows), static_cast<uint64_t>(hidden),
+                     static_cast<uint64_t>(quantize), static_cast<uint64_t>(eps_bits),
+                     static_cast<uint64_t>(vectors.groups), static_cast<uint64_t>(vectors.post_norm),
+                     static_cast<uint64_t>(vectors.bias)}) {
+    hash = HashMix(hash, v);
+  }
+  return hash;
+}
 
 // gamma float32 [G, hidden] with G >= 1 dividing `rows`; post_gamma and
 // bias float32 [G, hidden], or [0, hidden] for none.

@@ -10,6 +10,7 @@
 // The sum is the CPU all-reduce protocol run on float32 copies of x, so it
 // is exactly the float32 rank-order sum the CUDA kernel forms (16-bit inputs
 // widen exactly) and is not rounded to x's type before the residual is added.
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,25 @@ namespace jax_ar::cpu {
 namespace {
 
 constexpr Operation kOperation = Operation::kAllReduceRmsNorm;
+
+// The call as a peer's mismatch error names it (rank_state.h: at most 103
+// characters), e.g. "all_reduce_rms_norm oneshot of bfloat16[2,256],
+// float32 residual, eps 1e-06, post_gamma, bias, float8 out".
+std::string CallText(Algorithm algorithm, const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
+                     size_t rows, size_t hidden, bool quantize, float eps,
+                     const NormVectors& vectors) {
+  char eps_text[32];
+  std::snprintf(eps_text, sizeof(eps_text), "%g", eps);
+  std::string text = std::string("all_reduce_rms_norm ") + AlgorithmName(algorithm) + " of " +
+                     DtypeName(x.element_type()) + "[" + std::to_string(rows) + "," +
+                     std::to_string(hidden) + "], " + DtypeName(residual.element_type()) +
+                     " residual, eps " + eps_text;
+  if (vectors.groups > 1) text += ", " + std::to_string(vectors.groups) + " gammas";
+  if (vectors.post_norm) text += ", post_gamma";
+  if (vectors.bias) text += ", bias";
+  if (quantize) text += ", float8 out";
+  return text;
+}
 
 template <typename XTraits, typename RTraits>
 ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::AnyBuffer& x,
@@ -50,6 +70,11 @@ ffi::Error ReduceAndNormalize(RankState& state, Algorithm algorithm, const ffi::
   segment.bytes = count * sizeof(float);
   segment.dtype = ffi::DataType::F32;
   Message message({segment}, ReduceOp::kSum, algorithm, state.world, kOperation);
+  // Peers must make the same fused call, not only send as many floats.
+  message.signature = HashMix(message.signature,
+                              NormCallHash(x.element_type(), residual.element_type(), rows, hidden,
+                                           quantize ? 1 : 0, eps, vectors));
+  message.description = CallText(algorithm, x, residual, rows, hidden, quantize, eps, vectors);
   if (auto error = RunAllReduce(state, message); error.failure()) return error;
 
   // The residual add and the norms keep subnormals too (XLA:CPU's threads

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "common/all_reduce_rms_norm_ffi.h"
@@ -32,20 +31,8 @@ ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 // 1.04-1.06x at 1 MB of hidden 4096, where it filled its launch.
 constexpr uint64_t kFusedLLMaxBytes = 512 << 10;
 
-uint64_t Signature(Algorithm algorithm, int world, Dtype dtype, Dtype residual_dtype, int64_t rows,
-                   int64_t hidden, int32_t quantize, float eps, const NormVectors& vectors) {
-  uint32_t eps_bits;
-  std::memcpy(&eps_bits, &eps, sizeof(eps_bits));
-  uint64_t hash = HashMix(kFnvOffset, 0x52534e4f524dull);  // "RSNORM": never an all_reduce's
-  for (uint64_t v : {static_cast<uint64_t>(algorithm), static_cast<uint64_t>(world),
-                     static_cast<uint64_t>(dtype), static_cast<uint64_t>(residual_dtype),
-                     static_cast<uint64_t>(rows), static_cast<uint64_t>(hidden),
-                     static_cast<uint64_t>(quantize), static_cast<uint64_t>(eps_bits),
-                     static_cast<uint64_t>(vectors.groups), static_cast<uint64_t>(vectors.post_norm),
-                     static_cast<uint64_t>(vectors.bias)}) {
-    hash = HashMix(hash, v);
-  }
-  return hash;
+uint64_t Signature(Algorithm algorithm, int world, uint64_t norm_call) {
+  return HashMix(HashMix(norm_call, static_cast<uint64_t>(algorithm)), static_cast<uint64_t>(world));
 }
 
 // What the kernel needs beyond what both backends check: [tokens, hidden]
@@ -133,7 +120,9 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
                    " ranks); set up the communicator with a larger workspace_bytes");
   }
   const uint64_t signature =
-      Signature(algo, world, dtype, residual_dtype, rows, hidden, quantize, eps, vectors);
+      Signature(algo, world,
+                NormCallHash(x.element_type(), residual.element_type(), row_count, hidden_size,
+                             quantize, eps, vectors));
 
   RmsNormLaunchArgs a{};
   FillProtocolArgs(*state, kOperation, a);

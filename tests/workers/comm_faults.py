@@ -4,7 +4,8 @@ The last process ("odd") is the one that misbehaves; every rank checks what
 it sees and prints "fault-check ok: SCENARIO" when all was as expected.
 
 disagree        calls that differ in size, dtype, op, algorithm, number of
-                arrays, size of a multi-round message, or operation: an
+                arrays, size of a multi-round message, operation, or an
+                all_reduce_rms_norm's eps or row split (same bytes): an
                 error naming both calls on every rank at once; later calls
                 and check() fail at once; close() + setup() then gives exact
                 results on new data
@@ -120,6 +121,11 @@ def scenario_disagree(mesh):
         ("all_reduce",), ("float32[1000]",))
     if hasattr(jax_ar, "all_reduce_rms_norm"):
         cases["operation"] = (lambda o: _norm_or_reduce(mesh, o), ("all_reduce_rms_norm",), ())
+        # Fused calls alike in bytes: another eps, the rows split otherwise.
+        cases["norm eps"] = (lambda o: _norm(mesh, 2, 256, eps=0.5 if o else 1e-6),
+                             ("all_reduce_rms_norm",), ("eps 1e-06", "eps 0.5"))
+        cases["norm rows"] = (lambda o: _norm(mesh, *((4, 128) if o else (2, 256))),
+                              ("all_reduce_rms_norm",), ("[2,256]", "[4,128]"))
     if hasattr(jax_ar, "reduce_scatter"):
         cases["reduce_scatter"] = (lambda o: _scatter_or_reduce(mesh, o), ("reduce_scatter",), ())
     mine = f"rank {rank_of(mesh, me())}"
@@ -177,6 +183,18 @@ def _norm_or_reduce(mesh, odd):
             return jax_ar.all_reduce_rms_norm(x, r, g, "tp", algorithm="oneshot")
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
                                out_specs=(P(), P())))
+    return fn, (x, r, g)
+
+
+def _norm(mesh, tokens, hidden, eps=1e-6):
+    """all_reduce_rms_norm of float32 [tokens, hidden] per rank (a hidden
+    size the fused kernel takes)."""
+    x = global_array(np.ones((jax.device_count() * tokens, hidden), np.float32), mesh, P("tp"))
+    r = global_array(np.ones((tokens, hidden), np.float32), mesh, P())
+    g = global_array(np.ones((hidden,), np.float32), mesh, P())
+    fn = jax.jit(jax.shard_map(
+        lambda x, r, g: jax_ar.all_reduce_rms_norm(x, r, g, "tp", eps=eps, algorithm="oneshot"),
+        mesh=mesh, in_specs=(P("tp"), P(), P()), out_specs=(P(), P())))
     return fn, (x, r, g)
 
 
