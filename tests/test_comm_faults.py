@@ -73,6 +73,9 @@ def test_rank_that_skips_its_last_call_and_ends():
     assert "jax_ar" in failed.get(0, "") and ADVICE in failed[0], format_failure(result)
     if not ON_GPU:  # the CPU backend sees the skipped call when odd closes
         assert "jax_ar" in failed.get(1, "") and "skipped" in failed[1], format_failure(result)
+        # ... and the same picture of a rank that came after its peer's deadline.
+        assert "or came to it after rank 0 had given up on it" in failed[1], \
+            format_failure(result)
         # ... naming the other cause of the same picture: calls still queued.
         assert "jax.block_until_ready" in failed[1], format_failure(result)
         assert took < 30, f"the job took {took:.1f} s"

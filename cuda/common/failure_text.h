@@ -154,14 +154,16 @@ inline std::string NotFoundText(Operation operation, uint64_t comm_id, const cha
          ": it was closed, or this device is not in the mesh given to jax_ar.setup()";
 }
 
-/// At close: `peer` started a call this rank never made.
+/// At close: `peer` started a call this rank never made (or made only
+/// after the peer had failed in it, at its deadline).
 inline std::string ClosedBeforePeerText(int rank, const std::string& label, uint64_t calls,
                                         int peer, uint64_t peer_call) {
   using namespace failure_text_detail;
   return Rank(rank) + " of " + label + " closed after " + std::to_string(calls) + " calls, but " +
          Rank(peer) + " started call " + std::to_string(peer_call) +
-         ": the ranks made different calls (this rank skipped one, or " + Rank(peer) +
-         " made an extra one), and that call of " + Rank(peer) + " failed";
+         ": this rank skipped that call or came to it after " + Rank(peer) +
+         " had given up on it, or " + Rank(peer) + " made an extra one; that call of " +
+         Rank(peer) + " failed";
 }
 
 }  // namespace jax_ar

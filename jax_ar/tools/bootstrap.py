@@ -177,8 +177,8 @@ def _stop(signum: int) -> None:
     What close() would report here is the stop's doing, not a bug: a peer
     that the signal reached later, or that was waiting in a call when it
     came, has started a call this rank will never make. The close reports
-    it as "the ranks made different calls" (it cannot know why this rank
-    closes), so its log records are dropped: the signal is the report."""
+    it as a call this rank skipped (it cannot know why this rank closes),
+    so its log records are dropped: the signal is the report."""
     for s in STOP_SIGNALS:  # a second signal must not interrupt the exit
         signal.signal(s, signal.SIG_IGN)
     print(f"jax_ar: rank {os.environ.get('JAX_AR_PROCESS_ID', '0')} stopped by "
