@@ -15,11 +15,11 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 
 from .._norms import _check_eps as check_eps
 from . import sweep
 from .closed_output import print_or_silence
+from .folders import unwritable
 from .auto_marks import auto_rows, label_of
 from .bench_data import DTYPES
 from .timing import typical_spread
@@ -97,12 +97,10 @@ def prepare_out_dir(path: str) -> bool:
     new = not os.path.exists(path)
     if not new and not os.path.isdir(path):
         raise ValueError(f"--out-dir {path}: exists and is not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise ValueError(f"--out-dir {path}: cannot write there ({e.strerror or e})") from None
+    failed = unwritable(path)
+    if failed:
+        e = failed[1]
+        raise ValueError(f"--out-dir {path}: cannot write there ({e.strerror or e})")
     return new
 
 

@@ -44,6 +44,7 @@ import threading
 from ..config import DEFAULT_TIMEOUT_S
 from . import relay
 from .closed_output import flush_or_silence, print_or_silence
+from .folders import unwritable
 from .launch_signals import STOP_SIGNALS, Job, current_scope, forwarding_signals
 from .relay import STOP_GRACE_S, LaunchResult
 
@@ -102,16 +103,12 @@ def prepare_log_dir(log_dir) -> None:
     where the ranks' logs cannot be written."""
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise ValueError(f"--log-dir {log_dir} is not a directory")
-    try:
-        os.makedirs(log_dir, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--log-dir {log_dir}: cannot create it ({e.strerror or e})") from None
-    try:
-        with tempfile.TemporaryFile(dir=log_dir):
-            pass
-    except OSError as e:
-        raise ValueError(f"--log-dir {log_dir}: cannot write in it ({e.strerror or e})") \
-            from None
+    failed = unwritable(log_dir)
+    if failed:
+        stage, e = failed
+        raise ValueError(f"--log-dir {log_dir}: cannot "
+                         f"{'create it' if stage == 'create' else 'write in it'} "
+                         f"({e.strerror or e})")
 
 
 def launch(script=None, args=(), num_processes=2, cpu_devices=None, platform="auto",

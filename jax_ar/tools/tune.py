@@ -32,13 +32,13 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 
 import numpy as np
 
 from .. import selection
 from . import sweep
 from .closed_output import print_or_silence
+from .folders import unwritable
 from .bench_data import DTYPES
 from .timing import typical_spread
 from ..selection.table import (TABLE_ENV, CostCurve, Segment, Table, TableError, cache_dir,
@@ -224,14 +224,12 @@ def check_destination(path: str | None, what: str) -> None:
     if path is not None and os.path.isdir(path):
         raise ValueError(f"{what} {path} is a folder; give the table file's path")
     folder = os.path.dirname(os.path.abspath(path)) if path is not None else cache_dir()
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
+    failed = unwritable(folder)
+    if failed:
+        e = failed[1]
         name = f"{what} {path}" if path is not None else f"the cache folder {folder}"
         raise ValueError(f"{name}: cannot write there ({e.strerror or e})"
-                         + ("" if path is not None else "; give --out")) from None
+                         + ("" if path is not None else "; give --out"))
 
 
 def main(argv=None) -> int:
