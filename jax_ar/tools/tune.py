@@ -242,10 +242,10 @@ def main(argv=None) -> int:
                                  sweep.parse_size(ns.max_bytes or MAX_BYTES[platform]),
                                  ns.step_factor)
         config = sweep.common_config(ns, platform)
-        if len([b for b in sizes if b >= 4]) < 2:  # as bench: a size holds an element
+        fitted = sum(1 for b in sizes if b >= 4)  # as bench: a size holds an element
+        if fitted < 2:
             raise ValueError("tune fits curves to 2 or more message sizes of at least 4 bytes "
-                             "(one float32 element); the sizes from -b to -e hold "
-                             f"{len([b for b in sizes if b >= 4])}")
+                             f"(one float32 element); the sizes from -b to -e hold {fitted}")
         # The ranks read no table (JAX_AR_TABLE=default) and take no
         # JAX_AR_ALGO (RANK_ENV): the rest of what their setup would reject.
         sweep.check_environment(platform, ranks, table=False, algorithm=False)
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
         "machine": machine,
         "method": info["method"],
         "notes": notes,
-        "measurements": {a: [[b, round(t, 3)] for b, t in pts] for a, pts in measured.items()},
+        "measurements": _rounded(measured),
     })
     error = _install(doc, path, platform, kind, world)
     lines = [_summary(table, capacity, measured)]
@@ -371,6 +371,11 @@ def _measured(results: list[dict], platform: str) -> dict:
                           if r["algorithm"] == variant and r["op"] == "rms_norm"
                           and r["status"] == "ok"]
     return measured
+
+
+def _rounded(measured: dict) -> dict:
+    """The measurements as the table file keeps them: [[bytes, us], ...]."""
+    return {a: [[b, round(t, 3)] for b, t in pts] for a, pts in measured.items()}
 
 
 def _install(doc: dict, path: str, platform: str, kind: str, world: int) -> str | None:
@@ -406,12 +411,11 @@ def _save_partial(raw: dict, path: str | None, reason: str, info: dict) -> None:
                               machine["world_size"])
     stem = path[:-len(".json")] if path.endswith(".json") else path
     partial_path = f"{stem}.partial.json"
-    measured = _measured(raw["results"], machine["platform"])
     doc = {"schema": "jax_ar.tune_partial", "schema_version": 1,
            "partial": dict(raw["partial"], reason=reason),
            "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
            "command": info["command"], "machine": machine, "method": info["method"],
-           "measurements": {a: [[b, round(t, 3)] for b, t in pts] for a, pts in measured.items()},
+           "measurements": _rounded(_measured(raw["results"], machine["platform"])),
            "results": raw["results"]}
     try:
         with open(partial_path, "w") as f:
