@@ -58,6 +58,14 @@ def meshes():
     return out
 
 
+def one_axis_meshes(comms):
+    """(mesh, devices, axis type, whether Explicit) of the 1-D "tp" meshes
+    (meshes()'s first two: Explicit axes, then Auto ones)."""
+    for comm in comms[:2]:
+        kind = comm.mesh.axis_types[0]
+        yield comm.mesh, comm.mesh.devices.size, kind, kind == AxisType.Explicit
+
+
 def suite_shard_map(comms):
     """Inside shard_map: the local product and jax_ar's all-reduce equal
     numpy's product and jnp.dot + psum, every dtype, 2-D and 3-D x."""
@@ -115,11 +123,7 @@ def suite_jit(comms):
     row-parallel layout), or x and w replicated (the call asks for K sharded
     itself); every dtype."""
     rng = np.random.default_rng(SEED + 42)
-    for comm in comms[:2]:
-        mesh = comm.mesh
-        n = mesh.devices.size
-        kind = mesh.axis_types[0]
-        explicit = kind == AxisType.Explicit
+    for mesh, n, kind, explicit in one_axis_meshes(comms):
         out_spec = P() if explicit else None
         with jax.set_mesh(mesh) if explicit else contextlib.nullcontext():
             for name, dtype in DTYPES.items():
@@ -159,11 +163,7 @@ def suite_jit_unplaced(comms):
     arrays made inside jit. XLA's partitioner then names no mesh; the call
     still partitions over the set_mesh mesh and sums with jax_ar's kernel."""
     rng = np.random.default_rng(SEED + 48)
-    for comm in comms[:2]:
-        mesh = comm.mesh
-        n = mesh.devices.size
-        kind = mesh.axis_types[0]
-        explicit = kind == AxisType.Explicit
+    for mesh, n, kind, explicit in one_axis_meshes(comms):
         place = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
         x = small_integers(rng, (4, 8 * n), np.float32)
         w = small_integers(rng, (8 * n, 12), np.float32)
@@ -302,12 +302,11 @@ def suite_fallback(comms):
         records.messages
     # psum inside the partitioned body under jax.set_mesh (as models run):
     # its reduction must not carry the mesh's sharding annotations.
-    for comm in comms[:2]:
-        mesh = comm.mesh
+    for mesh, _, kind, _ in one_axis_meshes(comms):
         args = (global_array(x, mesh, P(None, "tp")), global_array(w, mesh, P("tp", None)))
         with jax.set_mesh(mesh):
             y = jax.jit(lambda a, b: jax_ar.matmul_all_reduce(a, b, "tp", algorithm="psum"))(*args)
-        check_shards(y, exact_product(x, w), f"psum under jax.set_mesh, {mesh.axis_types[0]}")
+        check_shards(y, exact_product(x, w), f"psum under jax.set_mesh, {kind}")
     log("fallback: ok")
 
 
