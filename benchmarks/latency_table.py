@@ -1,7 +1,9 @@
 """Markdown tables from the JSON lines of scripts/latency_ab.sh: us per call
 by case and variant (rows) and ranks x bytes per rank (columns), and each
-figure's ratio to the LL floor probe of the same session. A case whose
-result was wrong (per_call_overhead.py checks one call) shows "wrong".
+figure's ratio to the LL floor probe of the same session. A variant run
+more than once (an A/B in turn: main, variant, variant, main) shows every
+run, in order, and the ratio of their median. A case whose result was
+wrong (per_call_overhead.py checks one call) shows "wrong".
 
     python benchmarks/latency_table.py docs/results/latency_....jsonl [--bytes 16384]
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 
 
@@ -31,12 +34,12 @@ def main():
     args = parser.parse_args()
     rows = load(args.jsonl)
     wanted = None if args.bytes is None else {int(b) for b in args.bytes.split(",")}
-    figures = defaultdict(dict)  # label -> (ranks, bytes) -> us (the last line wins)
+    figures = defaultdict(lambda: defaultdict(list))  # label -> (ranks, bytes) -> us of each run
     for row in rows:
         if wanted is not None and row["bytes_per_rank"] not in wanted:
             continue
         us = None if row.get("result") == "wrong" else row["us_per_call"]
-        figures[label(row)][(row["ranks"], row["bytes_per_rank"])] = us
+        figures[label(row)][(row["ranks"], row["bytes_per_rank"])].append(us)
     columns = sorted({key for per in figures.values() for key in per})
     floor = figures.get("LL floor probe", {})
     head = " | ".join(f"{n} ranks, {b // 1024} KB" for n, b in columns)
@@ -48,13 +51,15 @@ def main():
             if key not in figures[name]:
                 cells.append("")
                 continue
-            us = figures[name][key]
-            if us is None:
+            runs = figures[name][key]
+            if None in runs:
                 cells.append("wrong")
-            elif name == "LL floor probe" or floor.get(key) is None:
-                cells.append(f"{us:.2f}")
-            else:
-                cells.append(f"{us:.2f} ({us / floor[key]:.2f}x)")
+                continue
+            text = " / ".join(f"{us:.2f}" for us in runs)
+            base = floor.get(key)
+            if name != "LL floor probe" and base and None not in base:
+                text += f" ({statistics.median(runs) / statistics.median(base):.2f}x)"
+            cells.append(text)
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -864,6 +864,33 @@ def test_interleaved_benchmark_runs_as_the_docs_say(tmp_path):
     assert lines[0] in docs  # the docs' tables have these columns
 
 
+
+def test_latency_table_shows_every_run_and_the_median_against_the_probe(tmp_path):
+    """benchmarks/latency_table.py on an A/B in turn (main, variant, variant,
+    main): each variant's runs in order, the ratio of their median to the
+    probe's, and "wrong" for a run whose result was wrong."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = [("ll_floor", "ll_floor", 2, 4.0, None)]
+    for variant, us in (("main", 4.6), ("seg1", 4.2), ("seg1", 4.5), ("main", 4.9)):
+        rows.append(("all_reduce oneshot", variant, 2, us, None))
+        rows.append(("all_reduce oneshot", variant, 4, us + 1, "wrong" if us == 4.5 else None))
+    jsonl = tmp_path / "ab.jsonl"
+    jsonl.write_text("".join(json.dumps({"case": case, "variant": variant, "commit": "c0ffee",
+                                         "ranks": ranks, "bytes_per_rank": 65536,
+                                         "us_per_call": us, **({"result": result} if result
+                                                               else {})}) + "\n"
+                             for case, variant, ranks, us, result in rows))
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "latency_table.py"),
+                           str(jsonl)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "| us per call (x LL floor) | 2 ranks, 64 KB | 4 ranks, 64 KB |"
+    assert lines[2] == "| LL floor probe | 4.00 |  |"
+    # medians 4.75 and 4.35 over the probe's 4.0; no probe at 4 ranks
+    assert lines[3] == "| main (c0ffee): all_reduce oneshot | 4.60 / 4.90 (1.19x) | 5.60 / 5.90 |"
+    assert lines[4] == "| seg1 (c0ffee): all_reduce oneshot | 4.20 / 4.50 (1.09x) | wrong |"
+
+
 def test_docs_name_every_option_of_bench_and_tune():
     from jax_ar.tools import bench, tune
 
