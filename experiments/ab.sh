@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Device command: one variant beside main in turn (main, variant, variant,
+# main) with the LL floor probe, at 2, 4 and 8 ranks:
+#   bash experiments/ab.sh NAME PROBE_SIZES PER_CALL_ARGS...
+# Carry the root modules (jax_ar/_jax_ar_cuda*.so, jax_ar/_jax_ar_cpu*.so,
+# jax_ar/PREBUILT), ab/NAME.tar.gz and probes (experiments/prepare.sh).
+# PER_CALL_ARGS go to benchmarks/per_call_overhead.py; PROBE_SIZES is "" for
+# no probe. Writes $OUT/latency.jsonl (scripts/latency_ab.sh), its log and
+# benchmarks/latency_table.py's table of it.
+set -u
+cd "$(dirname "$0")/.."
+name="$1" sizes="$2"; shift 2
+mkdir -p "ab/m$name" && tar -xzf "ab/$name.tar.gz" -C "ab/m$name"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+jobs=()
+[ -n "$sizes" ] && jobs+=("probe $sizes")
+jobs+=("tree main . $*" "tree $name ab/m$name $*" "tree $name ab/m$name $*" "tree main . $*")
+JOB_TIMEOUT_S="${JOB_TIMEOUT_S:-120}" timeout "${AB_TIMEOUT_S:-540}" \
+  bash scripts/latency_ab.sh "$OUT/latency.jsonl" "${jobs[@]}"
+python3 benchmarks/latency_table.py "$OUT/latency.jsonl" | tee "$OUT/table.md"
