@@ -23,10 +23,11 @@ all_reduce compares oneshot, twoshot and psum (sum); rms_norm compares the
 paths all_reduce_rms_norm(algorithm="auto") chooses among: fused_oneshot,
 fused_twoshot and the pair all_reduce+rms_norm (whose all-reduce is
 algorithm="auto"), with psum+norm as the baseline (hidden
-min(4096, elements), as bench). Where ranks share a GPU, NCCL refuses to
-run, so psum and psum+norm are left out, as bench leaves them out. Rank 0 appends one JSON line per size
-(every sample) to --json and prints, per candidate, the median time and
-the median over rounds of its time / the round's fastest.
+min(4096, elements), as bench). Where ranks share a GPU, NCCL refuses
+them, so psum and psum+norm are left out, as bench leaves them out. Rank 0
+appends one JSON line per size (every sample) to --json and prints, per
+candidate, the median time and the median over rounds of its time / the
+round's fastest.
 jax_ar/selection/defaults.py's CPU curves were fitted to such runs.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ import time
 import jax
 
 from jax_ar.tools import bench_rank
+from jax_ar.tools.bench import NCCL_ALGORITHMS
 from jax_ar.tools.sweep import parse_size
 from jax_ar.tools.timing import calibrate, gather, launches_for
 
@@ -100,7 +102,7 @@ def main():
     candidates = CANDIDATES[ns.mode]
     leader = jax.process_index() == 0
     if runner.comm.psum_unavailable:  # ranks sharing a GPU: NCCL refuses them
-        left_out = [n for n in candidates if n.startswith("psum")]
+        left_out = [n for n in candidates if n in NCCL_ALGORITHMS]
         candidates = tuple(n for n in candidates if n not in left_out)
         if leader:
             print(f"# without {', '.join(left_out)}: {runner.comm.psum_unavailable}", flush=True)

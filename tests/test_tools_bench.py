@@ -872,7 +872,6 @@ def test_interleaved_benchmark_runs_as_the_docs_say(tmp_path):
             "median | next / fastest | rounds won | auto picks |") in docs
 
 
-
 def test_latency_table_shows_every_run_and_the_median_against_the_probe(tmp_path):
     """benchmarks/latency_table.py on an A/B in turn (main, variant, variant,
     main): each variant's runs in order, the ratio of their median to the

@@ -31,6 +31,9 @@ ALL_REDUCE_ALGORITHMS = ("oneshot", "twoshot", "psum", "auto", "xla_oneshot")
 # the pair jax_ar.all_reduce + jax_ar.rms_norm, psum + XLA's norm (the
 # baseline), and what algorithm="auto" runs (bench_rank._rms_norm_step).
 RMS_NORM_VARIANTS = ("fused", "all_reduce+rms_norm", "psum+norm", "auto")
+# What runs on NCCL, which refuses ranks that share a GPU (also
+# benchmarks/interleaved.py's candidates).
+NCCL_ALGORITHMS = ("psum", "xla_oneshot", "psum+norm")
 # A path no variant asks for, which a row names where the library took it
 # instead (bench_rank._norm_path): below the fused kernel's smallest hidden
 # size, "fused" runs jax_ar.all_reduce and then XLA's norm.
@@ -143,7 +146,7 @@ def plan(ns, platform: str, gpus: int) -> dict:
     unavailable = {}
     shared = sweep.shared_gpu_reason(platform, ranks, gpus)
     if shared:
-        unavailable.update({name: shared for name in ("psum", "xla_oneshot", "psum+norm")})
+        unavailable.update({name: shared for name in NCCL_ALGORITHMS})
     if platform != "gpu":
         unavailable["xla_oneshot"] = "n/a: XLA's one-shot kernel is GPU only"
 
