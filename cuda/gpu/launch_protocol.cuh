@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/layout.h"
 #include "gpu/ll_packet.cuh"
@@ -330,19 +331,26 @@ __device__ __forceinline__ bool WaitForPeers(const ProtocolArgs& a, int phase, W
 
 // Index of the segment holding packed offset x (< a.bytes); segments are
 // contiguous in the packed range, so the one starting last at or before x.
+// Args of one segment (every typed launch) know it at compile time: their
+// input loads then wait for no load of num_segments or of a segment's
+// fields by index, only for the kernel's parameters.
 template <typename Args>
 __device__ __forceinline__ int FindSegment(const Args& a, uint64_t x, int hint) {
-  if (a.num_segments == 1) return 0;
-  if (hint < a.num_segments && a.segments[hint].offset <= x &&
-      (hint + 1 == a.num_segments || x < a.segments[hint + 1].offset)) {
-    return hint;
+  if constexpr (std::extent_v<decltype(Args::segments)> == 1) {
+    return 0;
+  } else {
+    if (a.num_segments == 1) return 0;
+    if (hint < a.num_segments && a.segments[hint].offset <= x &&
+        (hint + 1 == a.num_segments || x < a.segments[hint + 1].offset)) {
+      return hint;
+    }
+    int lo = 0, hi = a.num_segments - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (a.segments[mid].offset <= x) lo = mid; else hi = mid - 1;
+    }
+    return lo;
   }
-  int lo = 0, hi = a.num_segments - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.segments[mid].offset <= x) lo = mid; else hi = mid - 1;
-  }
-  return lo;
 }
 
 // 16 bytes of a segment's input from byte `rel` on; bytes past its end read
