@@ -19,10 +19,12 @@
 // them (kTwoShotLL: calls of up to 512 KB that fit one launch), else over
 // plain data and two rounds of flags.
 //
-// Both norms' arithmetic is that of jax_ar.rms_norm's CUDA kernel (one
-// RowInverseRms each, gpu/row_norm.cuh): squares summed in double per thread
-// and over the row, inv_rms = 1 / sqrt(sum / hidden + eps) in double as on
-// the CPU, then (v * inv_rms) * gamma in float32. The post-norm keeps the
+// Both norms (one InverseRmsOfRow each, gpu/fused_norm_row.cuh): squares
+// summed in float32 per thread and over the row, inv_rms = rsqrtf(sum /
+// hidden + eps), then (v * inv_rms) * gamma in float32; a row whose float32
+// sum cannot serve (overflow, a mean + eps near underflow, NaN) is summed in
+// double and takes the CPU's formula, as jax_ar.rms_norm's CUDA kernel
+// does for every row (gpu/row_norm.cuh). The post-norm keeps the
 // row's float32 lanes in registers across its reduction, so it is a
 // template parameter: kernels without it hold only the rounded residual
 // stream, as before.
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
   // Clustered rows: a slot for each of the row's sums (ClusterRowSum).
-  __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : kMaxWarpsPerRow];
+  __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : 1];
   // The other blocks' stores into this block's slots wait for this
   // (ClusterWait below).
   if constexpr (kCluster) {
@@ -204,7 +206,7 @@ template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
-  __shared__ double partials[kMaxWarpsPerRow];
+  __shared__ BlockRowSums partials;
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); })) return;
   const int parity = ctx.parity;
@@ -248,7 +250,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
   // My group: reduce, add the residual, normalize; both outputs go to my
   // outputs and to slot `rank` of every peer's phase-1 area.
   if (ok) {
-    for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: RowInverseRms syncs
+    for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: InverseRmsOfRow syncs
       const int64_t group_row = base + threadIdx.x / tpr;
       const int64_t row = a.rank * a.group_rows + group_row;
       const bool active = group_row < hi && row < a.rows;
@@ -334,7 +336,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
   static_assert(kVectors <= 2, "the LL two-shot takes rows of one or two vectors a thread");
   using RL = ResidualLanes<D, R>;
   constexpr int kPairs = kPhase1Pairs<D, R>;
-  __shared__ double partials[kMaxWarpsPerRow];
+  __shared__ BlockRowSums partials;
   LaunchContext ctx;
   if (!StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); })) return;
   const PacketFlags flags = ctx.flags;

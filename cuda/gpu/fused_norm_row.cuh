@@ -130,10 +130,10 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
 inline constexpr int kRowSumSlots = 2;
 
 // Where a row's threads meet to sum: warp partials in the block's shared
-// memory (kMaxWarpsPerRow doubles), or, for a row that spans a cluster, its
+// memory (one BlockRowSums), or, for a row that spans a cluster, its
 // kRowSumSlots slots.
 template <bool kCluster>
-using RowSumScratch = std::conditional_t<kCluster, ClusterRowSumSlot, double>;
+using RowSumScratch = std::conditional_t<kCluster, ClusterRowSumSlot, BlockRowSums>;
 
 // How many sums of squares a thread of kVectors vectors keeps: rows of two
 // vectors a thread (PlanFusedRow: 513-1024 vectors) sum each vector apart,
@@ -144,29 +144,54 @@ using RowSumScratch = std::conditional_t<kCluster, ClusterRowSumSlot, double>;
 template <int kVectors>
 inline constexpr int kSquareSums = kVectors == 2 ? 2 : 1;
 
-// The inverse RMS of this thread's row from its sums of squares (one per
-// vector with kSums 2, as RowSumOfVectors adds them), over its block's
-// threads or, for a row that spans a cluster (kCluster: one vector a
-// thread), over the cluster's. Every thread of the block (of the cluster)
-// must call it together. `nth` (0 or 1) is which of the row's sums this
-// is: a clustered row takes the nth of its kRowSumSlots slots in
-// `scratch`, a one-block row the partials it has, behind a barrier.
-template <bool kCluster, int kSums>
+// The inverse RMS of this thread's row from its float32 sums of squares
+// (one per vector with kSums 2, as RowSumOfVectors adds them), over its
+// block's threads or, for a row that spans a cluster (kCluster: one vector
+// a thread), over the cluster's. A row that float32 cannot serve
+// (FloatInverseRms: a sum that overflowed, a mean + eps near underflow,
+// NaN) is summed again in double, wide_sums(double (&)[kSums]) giving this
+// thread's sums, and takes the CPU's formula; the rows of a block (of a
+// cluster) decide together, as their barriers require, and a row that
+// float32 serves keeps its float32 result either way, so that no row's
+// result depends on its neighbours or on the plan. Every thread of the
+// block (of the cluster, with kCluster) must call it together. `nth` (0 or
+// 1) is which of the row's sums this is: a clustered row takes the nth of
+// its kRowSumSlots slots in `scratch`, a one-block row the block's
+// partials.
+template <bool kCluster, int kSums, typename WideSums>
 __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
-                                                 const double (&sums)[kSums], int hidden,
+                                                 const float (&sums)[kSums], int hidden,
                                                  int lane, RowSumScratch<kCluster>* scratch,
-                                                 int nth) {
+                                                 int nth, WideSums&& wide_sums) {
   const int tpr = a.threads_per_row;
-  double total;
+  float inv;
+  bool served;
+  bool all_served;
   if constexpr (kCluster) {
     static_assert(kSums == 1, "clustered rows hold one vector a thread");
-    total = ClusterRowSum(sums[0], tpr, lane, scratch[nth]);
+    served = FloatInverseRms(ClusterRowSum(sums[0], tpr, lane, scratch[nth]), hidden, a.eps, inv);
+    all_served = served;  // one row a cluster, whose blocks add the same sums alike
   } else {
-    // Blocks loop over rows: partials are written again by the next row.
-    total = RowSumOfVectors</*kPartialsReused=*/true>(sums, tpr, lane, threadIdx.x / tpr,
-                                                      scratch);
+    const float total =
+        RowSumOfVectors</*kPartialsReused=*/false>(sums, tpr, lane, threadIdx.x / tpr,
+                                                   scratch->sums);
+    served = FloatInverseRms(total, hidden, a.eps, inv);
+    // Rows within a warp decide by warp; wider rows by block, whose barrier
+    // also lets the next row a block takes write the partials again.
+    all_served = kSums == 1 && tpr <= 32 ? __all_sync(0xffffffffu, served)
+                                         : __syncthreads_and(served) != 0;
   }
-  return InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
+  if (all_served) return inv;
+  double wide[kSums];
+  wide_sums(wide);
+  double total;
+  if constexpr (kCluster) {
+    total = ClusterRowSumWide(wide[0], tpr, lane, scratch[nth]);
+  } else {
+    total = RowSumOfVectors</*kPartialsReused=*/true>(wide, tpr, lane, threadIdx.x / tpr,
+                                                      scratch->wide);
+  }
+  return served ? inv : InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
 }
 
 // The norm of the row this thread works on, after the sum over ranks: for
@@ -221,7 +246,7 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
   // registers of float lanes for 16-bit types when R is x's type).
   uint4 stored[kVectors][RL::kWords];
   constexpr int kSums = kSquareSums<kVectors>;
-  double sum_of_squares[kSums] = {};
+  float sum_of_squares[kSums] = {};
   const auto add_residual = [&](int k, int i, float* t) {
     uint4 words[RL::kWords];
     float r[kLanes];
@@ -239,9 +264,25 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
     AddSquares<kLanes>(r, sum_of_squares[kSums == 1 ? 0 : k]);
     emit_residual(i, stored[k]);
   };
+  // A row's squares again, in double, for InverseRmsOfRow's rare rows that
+  // float32 cannot serve; lanes_of(k, v) puts vector k's float lanes in v.
+  const auto wide_sums_of = [&](auto&& lanes_of) {
+    return [&, lanes_of](double (&wide)[kSums]) {
+#pragma unroll
+      for (int q = 0; q < kSums; ++q) wide[q] = 0.0;
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+        const int i = lane + k * tpr;
+        if (!active || i >= a.row_vectors) continue;
+        float v[kLanes];
+        lanes_of(k, v);
+        AddSquares<kLanes>(v, wide[kSums == 1 ? 0 : k]);
+      }
+    };
+  };
   if constexpr (kPostNorm) {
     float t[kVectors][kLanes];
-    double post_sum_of_squares[kSums] = {};
+    float post_sum_of_squares[kSums] = {};
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -250,8 +291,11 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       AddBias<kLanes>(a, group, hidden, i, t[k]);
       AddSquares<kLanes>(t[k], post_sum_of_squares[kSums == 1 ? 0 : k]);
     }
-    const float post_inv_rms =
-        InverseRmsOfRow<kCluster>(a, post_sum_of_squares, hidden, lane, scratch, 0);
+    const float post_inv_rms = InverseRmsOfRow<kCluster>(
+        a, post_sum_of_squares, hidden, lane, scratch, 0, wide_sums_of([&](int k, float* v) {
+#pragma unroll
+          for (int j = 0; j < kLanes; ++j) v[j] = t[k][j];
+        }));
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -273,8 +317,9 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       add_residual(k, i, t);
     }
   }
-  const float inv_rms =
-      InverseRmsOfRow<kCluster>(a, sum_of_squares, hidden, lane, scratch, kPostNorm ? 1 : 0);
+  const float inv_rms = InverseRmsOfRow<kCluster>(
+      a, sum_of_squares, hidden, lane, scratch, kPostNorm ? 1 : 0,
+      wide_sums_of([&](int k, float* v) { RL::Unpack(stored[k], v); }));
 #pragma unroll
   for (int k = 0; k < kVectors; ++k) {
     const int i = lane + k * tpr;

@@ -1,11 +1,15 @@
-// The inverse RMS of a row, as both CUDA norm kernels (rms_norm.cu and
-// all_reduce_rms_norm_kernels.cu) compute it: each thread adds the squares of
-// its lanes in double, the threads of the row sum their partial sums (warp
-// shuffles, then shared memory for rows wider than a warp, or the shared
-// memory of a cluster's blocks), and the CPU's formula
-// (common/inverse_rms.h) turns the sum into 1 / sqrt(mean + eps).
+// The inverse RMS of a row, as the CUDA norm kernels compute it: each thread
+// adds the squares of its lanes, the threads of the row sum their partial
+// sums (warp shuffles, then shared memory for rows wider than a warp, or the
+// shared memory of a cluster's blocks), and a formula turns the sum into
+// 1 / sqrt(mean + eps). rms_norm.cu sums in double and takes the CPU's
+// formula (common/inverse_rms.h); the fused kernels
+// (all_reduce_rms_norm_kernels.cu, fused_norm_row.cuh) sum in float32 and
+// take the double path only for a row whose float32 sum is out of range
+// (FloatInverseRms).
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 
 #include "common/inverse_rms.h"
@@ -22,6 +26,35 @@ __device__ __forceinline__ void AddSquares(const float* v, double& sum) {
     const double x = static_cast<double>(v[j]);
     sum = __fma_rn(x, x, sum);
   }
+}
+
+/// The same in float32 (one rounding a lane: fused multiply-add).
+template <int kLanes>
+__device__ __forceinline__ void AddSquares(const float* v, float& sum) {
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) sum = __fmaf_rn(v[j], v[j], sum);
+}
+
+/// The smallest mean + eps whose float32 inverse RMS FloatInverseRms
+/// trusts: squares below 2^-126 lose bits (subnormal), at most 2^-150 each,
+/// so over a row of up to 2^14 elements the mean is off by at most 2^-150,
+/// 2^-90 of this bound.
+inline constexpr float kMinFloatMeanPlusEps = 0x1p-60f;
+
+/// 1 / sqrt(total / hidden + eps) in float32 (rsqrtf, at most 2 ulp) into
+/// `inv`, from a float32 sum of squares; false where float32 cannot be
+/// trusted with it: the sum overflowed (squares above 3.4e38, values above
+/// about 1.8e19), or the mean + eps is so small that underflowed squares
+/// matter (eps 0 and a row of values under about 1e-19), or NaN. The caller
+/// then sums the row in double (InverseRmsOfSumOfSquares), as the CPU does.
+/// In float32 the row's tail (squares, warp sums, the exchange between
+/// warps or blocks, the inverse) took 0.3-1.0 us a call less than in
+/// double at 2 and 4 ranks (docs/latency_log.md "Latency, thirty-first
+/// push").
+__device__ __forceinline__ bool FloatInverseRms(float total, int hidden, float eps, float& inv) {
+  const float mean_plus_eps = __fadd_rn(__fdiv_rn(total, static_cast<float>(hidden)), eps);
+  inv = rsqrtf(mean_plus_eps);
+  return total <= FLT_MAX && mean_plus_eps >= kMinFloatMeanPlusEps;
 }
 
 /// Sum of `value` over groups of `width` (a power of two, at most 32)
@@ -107,11 +140,20 @@ __device__ __forceinline__ void ClusterWait() {
 }
 
 /// Where one ClusterRowSum lands in each block of the cluster: the row's
-/// warp sums, in the row's warp order, and the transaction barrier (an
-/// mbarrier) their stores complete on.
+/// float32 warp sums, in the row's warp order, and the transaction barrier
+/// (an mbarrier) their stores complete on; and where the same row's double
+/// warp sums land when float32 cannot serve it (ClusterRowSumWide).
 struct ClusterRowSumSlot {
-  double sums[kMaxWarpsPerRow];
+  float sums[kMaxWarpsPerRow];
   uint64_t arrived;
+  double wide[kMaxWarpsPerRow];
+};
+
+/// A block's partial sums for RowSum and RowSumOfVectors (rows within one
+/// block): float32, and double for rows that float32 cannot serve.
+struct BlockRowSums {
+  float sums[kMaxWarpsPerRow];
+  double wide[kMaxWarpsPerRow];
 };
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
@@ -119,14 +161,14 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
 }
 
 /// Readies this block's `slot` for one ClusterRowSum of a row of `warps`
-/// warps: its barrier completes once `warps` 8-byte sums have landed. One
+/// warps: its barrier completes once `warps` float32 sums have landed. One
 /// thread of the block calls it for each slot, then FenceRowSumSlotsReady,
 /// before the block's ClusterArriveRelaxed.
 __device__ __forceinline__ void ReadyRowSumSlot(ClusterRowSumSlot& slot, int warps) {
   const uint32_t bar = SharedAddress(&slot.arrived);
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-               "r"(static_cast<uint32_t>(warps * sizeof(double)))
+               "r"(static_cast<uint32_t>(warps * sizeof(float)))
                : "memory");
 }
 /// Makes the barriers ReadyRowSumSlot set up visible to the cluster's
@@ -150,8 +192,8 @@ __device__ __forceinline__ void FenceRowSumSlotsReady() {
 /// `slot` (ReadyRowSumSlot, ClusterArriveRelaxed, ClusterWait); a slot
 /// takes one sum a launch. No block leaves before the sums into its slots
 /// have landed, and every block's stores into it precede that.
-__device__ __forceinline__ double ClusterRowSum(double value, int threads_per_row, int lane,
-                                                ClusterRowSumSlot& slot) {
+__device__ __forceinline__ float ClusterRowSum(float value, int threads_per_row, int lane,
+                                               ClusterRowSumSlot& slot) {
   value = WarpSum(value, 32);  // a clustered row is whole warps
   const int warps = threads_per_row / 32;
   const int blocks = threads_per_row / static_cast<int>(blockDim.x);
@@ -162,9 +204,9 @@ __device__ __forceinline__ double ClusterRowSum(double value, int threads_per_ro
         : "=r"(theirs)
         : "r"(SharedAddress(slot.sums + lane / 32)), "r"(q));
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(their_bar) : "r"(SharedAddress(&slot.arrived)), "r"(q));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
                      theirs),
-                 "l"(__double_as_longlong(value)), "r"(their_bar)
+                 "r"(__float_as_uint(value)), "r"(their_bar)
                  : "memory");
   }
   const uint32_t bar = SharedAddress(&slot.arrived);
@@ -176,8 +218,34 @@ __device__ __forceinline__ double ClusterRowSum(double value, int threads_per_ro
         : "r"(bar)
         : "memory");
   }
-  double total = 0;
+  float total = 0;
   for (int w = 0; w < warps; ++w) total += slot.sums[w];
+  return total;
+}
+
+/// ClusterRowSum in double, for the rare row whose float32 sum cannot serve
+/// (FloatInverseRms): lane q of every warp stores the warp's sum into block
+/// q's `slot.wide`, a cluster barrier publishes them, and every block adds
+/// its copy in the row's warp order. Every thread of the cluster must call
+/// it together (a row's blocks decide alike: they hold the same float32
+/// sum); a slot's `wide` takes one sum a launch.
+__device__ __forceinline__ double ClusterRowSumWide(double value, int threads_per_row, int lane,
+                                                    ClusterRowSumSlot& slot) {
+  value = WarpSum(value, 32);
+  const int warps = threads_per_row / 32;
+  const int blocks = threads_per_row / static_cast<int>(blockDim.x);
+  const int q = lane % 32;
+  if (q < blocks) {
+    uint32_t theirs;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(theirs)
+        : "r"(SharedAddress(slot.wide + lane / 32)), "r"(q));
+    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(theirs), "d"(value) : "memory");
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  double total = 0;
+  for (int w = 0; w < warps; ++w) total += slot.wide[w];
   return total;
 }
 
