@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
       const bool active = group_row < hi && row < a.rows;
       NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false,
                           kTwoShotEarlyVectors<kVectors>>(
-          a, row, active, partials,
+          a, row, active, &partials,
           [&](int, int i, float* acc) {
             const uint4 mine = LoadInput16(RowOf(a.x, row, row_bytes) + 16 * i);
             TypedAccumulator<D, SumLanes>::SumRanks(a.world, [&](int s) {
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
     }
     NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false,
                         kOneShotEarlyVectors<kVectors>>(
-        a, row, active, partials,
+        a, row, active, &partials,
         [&](int k, int i, float* acc) {
           ok = SumRanksOfPacket<D>(a, parts, a.slot_bytes, 2 * (g * a.row_vectors + i), flags,
                                    waiter, mine[k], ok, acc);

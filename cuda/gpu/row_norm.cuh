@@ -38,14 +38,14 @@ __device__ __forceinline__ void AddSquares(const float* v, float& sum) {
 /// The smallest mean + eps whose float32 inverse RMS FloatInverseRms
 /// trusts: squares below 2^-126 lose bits (subnormal), at most 2^-150 each,
 /// so over a row of up to 2^14 elements the mean is off by at most 2^-150,
-/// 2^-90 of this bound.
-inline constexpr float kMinFloatMeanPlusEps = 0x1p-60f;
+/// 2^-50 of this bound.
+inline constexpr float kMinFloatMeanPlusEps = 0x1p-100f;
 
 /// 1 / sqrt(total / hidden + eps) in float32 (rsqrtf, at most 2 ulp) into
 /// `inv`, from a float32 sum of squares; false where float32 cannot be
 /// trusted with it: the sum overflowed (squares above 3.4e38, values above
-/// about 1.8e19), or the mean + eps is so small that underflowed squares
-/// matter (eps 0 and a row of values under about 1e-19), or NaN. The caller
+/// about 1.8e19), or the mean + eps is below kMinFloatMeanPlusEps (an eps
+/// under 2^-100 and a row of values under about 1e-15), or NaN. The caller
 /// then sums the row in double (InverseRmsOfSumOfSquares), as the CPU does.
 /// In float32 the row's tail (squares, warp sums, the exchange between
 /// warps or blocks, the inverse) took 0.3-1.0 us a call less than in

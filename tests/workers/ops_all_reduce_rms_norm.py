@@ -221,18 +221,26 @@ def suite_values(mesh, comm):
 
 
 def suite_large_values(mesh, comm):
-    """Rows whose sum over ranks has squares that overflow float32: the
-    fused kernels sum squares in double (a float32 sum turned such rows into
-    zeros). The fuzz cases could not catch it here: each of their rows with
-    special values also holds a NaN or inf."""
+    """Rows whose squares float32 cannot sum: squares that overflow it, and
+    tiny values beside an eps at float32's smallest normal number, whose
+    squares are subnormal. The fused kernels sum such a row again in double
+    (a float32 sum turned overflowing rows into zeros), in a block shared
+    with rows that float32 serves (3 rows of 256) and in a cluster a row
+    (2 rows of 512 vectors: the fused one-shot's clusters). The fuzz cases
+    could not catch it here: each of their rows with special values also
+    holds a NaN or inf."""
     rng = np.random.default_rng(SEED + 29)
     cases = []
-    for dt in ("float32", "bfloat16"):
-        case = Case(rng, comm.world_size, (3, 256), dt)
+    for dt, shape in (("float32", (3, 256)), ("bfloat16", (3, 256)),
+                      ("float32", (2, 2048)), ("bfloat16", (2, 4096))):
+        case = Case(rng, comm.world_size, shape, dt)
         for part in case.parts:
             part[0, 5] = 1e38 / comm.world_size  # summed over ranks: about 1e38
-        case.residual[1, :] = 2e38
+        if shape[0] == 3:
+            case.residual[1, :] = 2e38
         cases.append(case)
+    for dt, shape in (("float32", (3, 256)), ("bfloat16", (2, 4096))):
+        cases.append(Case(rng, comm.world_size, shape, dt, eps=1.2e-38, scale=1e-20))
     for algorithm in ("oneshot", "twoshot"):
         for c, (out, residual_out) in zip(cases, run_cases(mesh, cases, algorithm)):
             what = f"large values {algorithm} {c}"
