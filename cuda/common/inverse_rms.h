@@ -1,9 +1,11 @@
-// 1 / sqrt(mean(v * v) + eps) of a row from its sum of squares: one formula
-// for every backend (CPU: cpu/rms_norm.h; GPU: gpu/row_norm.cuh), so that
-// their norms agree. The squares are summed in double by the callers (in
-// float32 a row with |v| above about 1.8e19 overflows to inf and normalizes
-// to 0), then the mean, eps and the square root are taken in double and the
-// result rounded once to float32. Host and device code both include it.
+// 1 / sqrt(mean(v * v) + eps) of a row from its sum of squares in double:
+// the CPU's norms (cpu/rms_norm.h), the CUDA rms_norm kernel's, and the
+// fused CUDA kernels' for the rows their float32 sum cannot serve
+// (gpu/row_norm.cuh FloatInverseRms). The callers sum the squares in
+// double (in float32 a row with |v| above about 1.8e19 overflows to inf and
+// normalizes to 0), then the mean, eps and the square root are taken in
+// double and the result rounded once to float32. Host and device code both
+// include it.
 #pragma once
 
 #include <math.h>
