@@ -136,6 +136,13 @@ __device__ __forceinline__ T RowSumOfVectors(const T (&sums)[kSums], int threads
 __device__ __forceinline__ void ClusterArriveRelaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
+// The arrival that publishes this thread's earlier stores (into other
+// blocks' shared memory too) to whoever passes the wait after it
+// (ClusterRowSumWide).
+__device__ __forceinline__ void ClusterArriveRelease() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+// Acquire (PTX's default for the wait).
 __device__ __forceinline__ void ClusterWait() {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
@@ -159,6 +166,14 @@ struct BlockRowSums {
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// The address of `p` (this block's shared memory) in block `block` of the
+/// cluster, for stores into that block's copy.
+__device__ __forceinline__ uint32_t ClusterAddress(const void* p, int block) {
+  uint32_t theirs;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(theirs) : "r"(SharedAddress(p)), "r"(block));
+  return theirs;
 }
 
 /// Readies this block's `slot` for one ClusterRowSum of a row of `warps`
@@ -200,11 +215,8 @@ __device__ __forceinline__ float ClusterRowSum(float value, int threads_per_row,
   const int blocks = threads_per_row / static_cast<int>(blockDim.x);
   const int q = lane % 32;  // every lane of the warp holds its sum
   if (q < blocks) {
-    uint32_t theirs, their_bar;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(theirs)
-        : "r"(SharedAddress(slot.sums + lane / 32)), "r"(q));
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(their_bar) : "r"(SharedAddress(&slot.arrived)), "r"(q));
+    const uint32_t theirs = ClusterAddress(slot.sums + lane / 32, q);
+    const uint32_t their_bar = ClusterAddress(&slot.arrived, q);
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
                      theirs),
                  "r"(__float_as_uint(value)), "r"(their_bar)
@@ -237,14 +249,12 @@ __device__ __forceinline__ double ClusterRowSumWide(double value, int threads_pe
   const int blocks = threads_per_row / static_cast<int>(blockDim.x);
   const int q = lane % 32;
   if (q < blocks) {
-    uint32_t theirs;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(theirs)
-        : "r"(SharedAddress(slot.wide + lane / 32)), "r"(q));
-    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(theirs), "d"(value) : "memory");
+    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(ClusterAddress(slot.wide + lane / 32, q)),
+                 "d"(value)
+                 : "memory");
   }
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  ClusterArriveRelease();
+  ClusterWait();
   double total = 0;
   for (int w = 0; w < warps; ++w) total += slot.wide[w];
   return total;
