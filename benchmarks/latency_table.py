@@ -3,7 +3,10 @@ by case and variant (rows) and ranks x bytes per rank (columns), and each
 figure's ratio to the LL floor probe of the same session. A variant run
 more than once (an A/B in turn: main, variant, variant, main) shows every
 run, in order, and the ratio of their median. A case whose result was
-wrong (per_call_overhead.py checks one call) shows "wrong".
+wrong (per_call_overhead.py checks one call) shows "wrong". The fused
+cases (`all_reduce_rms_norm`, one row a hidden size) also get a second
+table: how far each run lies above the one-shot all_reduce of the same
+bytes in the same run of its tree (issue 23's "at most 1.0 us above").
 
     python benchmarks/latency_table.py docs/results/latency_....jsonl [--bytes 16384]
 """
@@ -14,16 +17,65 @@ import json
 import statistics
 from collections import defaultdict
 
+PROBE = "LL floor probe"
+ONE_SHOT = "all_reduce oneshot"
+
 
 def load(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def tree(row):
+    return f"{row['variant']} ({row['commit']})"
+
+
 def label(row):
     if row["case"] == "ll_floor":
-        return "LL floor probe"
-    return f"{row['variant']} ({row['commit']}): {row['case']}"
+        return PROBE
+    hidden = f" h{row['norm_hidden']}" if "norm_hidden" in row else ""
+    return f"{tree(row)}: {row['case']}{hidden}"
+
+
+def print_table(title, columns, rows):
+    """rows: [(name, [cell text per column])]."""
+    head = " | ".join(f"{n} ranks, {b // 1024} KB" for n, b in columns)
+    print(f"| {title} | {head} |")
+    print("|---" * (len(columns) + 1) + "|")
+    for name, cells in rows:
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def per_call_cells(name, per, floor, columns):
+    cells = []
+    for key in columns:
+        runs = per.get(key)
+        if not runs:
+            cells.append("")
+        elif None in runs:
+            cells.append("wrong")
+        else:
+            text = " / ".join(f"{us:.2f}" for us in runs)
+            base = floor.get(key)
+            if name != PROBE and base and None not in base:
+                text += f" ({statistics.median(runs) / statistics.median(base):.2f}x)"
+            cells.append(text)
+    return cells
+
+
+def above_one_shot_cells(per, one_shot, columns):
+    """Run i of a fused case against run i of its tree's one-shot: a tree's
+    jobs each time both cases, in the order the file holds them."""
+    cells = []
+    for key in columns:
+        runs, bases = per.get(key), one_shot.get(key)
+        if not runs or not bases or len(runs) != len(bases):
+            cells.append("")
+        elif None in runs or None in bases:
+            cells.append("wrong")
+        else:
+            cells.append(", ".join(f"{us - base:+.2f}" for us, base in zip(runs, bases)))
+    return cells
 
 
 def main():
@@ -35,32 +87,27 @@ def main():
     rows = load(args.jsonl)
     wanted = None if args.bytes is None else {int(b) for b in args.bytes.split(",")}
     figures = defaultdict(lambda: defaultdict(list))  # label -> (ranks, bytes) -> us of each run
+    trees = {}  # label -> its tree, for the fused cases
     for row in rows:
         if wanted is not None and row["bytes_per_rank"] not in wanted:
             continue
         us = None if row.get("result") == "wrong" else row["us_per_call"]
         figures[label(row)][(row["ranks"], row["bytes_per_rank"])].append(us)
+        if "norm_hidden" in row:
+            trees[label(row)] = tree(row)
     columns = sorted({key for per in figures.values() for key in per})
-    floor = figures.get("LL floor probe", {})
-    head = " | ".join(f"{n} ranks, {b // 1024} KB" for n, b in columns)
-    print(f"| us per call (x LL floor) | {head} |")
-    print("|---" * (len(columns) + 1) + "|")
-    for name in sorted(figures, key=lambda k: (k != "LL floor probe", k)):
-        cells = []
-        for key in columns:
-            if key not in figures[name]:
-                cells.append("")
-                continue
-            runs = figures[name][key]
-            if None in runs:
-                cells.append("wrong")
-                continue
-            text = " / ".join(f"{us:.2f}" for us in runs)
-            base = floor.get(key)
-            if name != "LL floor probe" and base and None not in base:
-                text += f" ({statistics.median(runs) / statistics.median(base):.2f}x)"
-            cells.append(text)
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    floor = figures.get(PROBE, {})
+    names = sorted(figures, key=lambda k: (k != PROBE, k))
+    print_table("us per call (x LL floor)", columns,
+                [(name, per_call_cells(name, figures[name], floor, columns)) for name in names])
+    fused = [name for name in names if name in trees]
+    if fused:
+        print()
+        print_table("us above the one-shot all_reduce of the same bytes, run by run", columns,
+                    [(name, above_one_shot_cells(figures[name],
+                                                 figures.get(f"{trees[name]}: {ONE_SHOT}", {}),
+                                                 columns))
+                     for name in fused])
 
 
 if __name__ == "__main__":

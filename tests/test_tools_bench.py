@@ -898,6 +898,43 @@ def test_latency_table_shows_every_run_and_the_median_against_the_probe(tmp_path
     assert lines[4] == "| seg1 (c0ffee): all_reduce oneshot | 4.20 / 4.50 (1.09x) | wrong |"
 
 
+def test_latency_table_keeps_hidden_sizes_apart_and_shows_the_fused_call_above_the_one_shot(
+        tmp_path):
+    """benchmarks/latency_table.py on fused cases of two hidden sizes, two
+    runs of one tree: a row per hidden size, and a second table with each
+    run's fused call minus the same run's one-shot all_reduce (the first
+    fused run against the first one-shot run, and so on); a tree without
+    the one-shot leaves its cells empty."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = []
+    for one_shot, h4096, h8192 in ((4.0, 4.9, 5.25), (4.5, 5.0, 5.0)):
+        rows.append({"case": "all_reduce oneshot", "us_per_call": one_shot})
+        rows.append({"case": "all_reduce_rms_norm oneshot", "norm_hidden": 4096,
+                     "us_per_call": h4096})
+        rows.append({"case": "all_reduce_rms_norm oneshot", "norm_hidden": 8192,
+                     "us_per_call": h8192})
+    rows.append({"case": "all_reduce_rms_norm twoshot", "norm_hidden": 4096, "us_per_call": 9.0,
+                 "variant": "other"})
+    jsonl = tmp_path / "fused.jsonl"
+    jsonl.write_text("".join(json.dumps({"variant": "main", "commit": "c0ffee", "ranks": 2,
+                                         "bytes_per_rank": 16384, **row}) + "\n"
+                             for row in rows))
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "latency_table.py"),
+                           str(jsonl)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[2:6] == [
+        "| main (c0ffee): all_reduce oneshot | 4.00 / 4.50 |",
+        "| main (c0ffee): all_reduce_rms_norm oneshot h4096 | 4.90 / 5.00 |",
+        "| main (c0ffee): all_reduce_rms_norm oneshot h8192 | 5.25 / 5.00 |",
+        "| other (c0ffee): all_reduce_rms_norm twoshot h4096 | 9.00 |"]
+    assert lines[7] == ("| us above the one-shot all_reduce of the same bytes, run by run "
+                        "| 2 ranks, 16 KB |")
+    assert lines[9:] == ["| main (c0ffee): all_reduce_rms_norm oneshot h4096 | +0.90, +0.50 |",
+                         "| main (c0ffee): all_reduce_rms_norm oneshot h8192 | +1.25, +0.50 |",
+                         "| other (c0ffee): all_reduce_rms_norm twoshot h4096 |  |"]
+
+
 def test_docs_name_every_option_of_bench_and_tune():
     from jax_ar.tools import bench, tune
 
