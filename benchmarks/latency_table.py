@@ -26,15 +26,16 @@ def load(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def tree(row):
-    return f"{row['variant']} ({row['commit']})"
-
-
-def label(row):
+def label(row, case=None):
+    """A row's label, or with `case` the label of that case (no hidden size)
+    in the row's tree."""
     if row["case"] == "ll_floor":
         return PROBE
+    tree = f"{row['variant']} ({row['commit']})"
+    if case is not None:
+        return f"{tree}: {case}"
     hidden = f" h{row['norm_hidden']}" if "norm_hidden" in row else ""
-    return f"{tree(row)}: {row['case']}{hidden}"
+    return f"{tree}: {row['case']}{hidden}"
 
 
 def print_table(title, columns, rows):
@@ -87,26 +88,25 @@ def main():
     rows = load(args.jsonl)
     wanted = None if args.bytes is None else {int(b) for b in args.bytes.split(",")}
     figures = defaultdict(lambda: defaultdict(list))  # label -> (ranks, bytes) -> us of each run
-    trees = {}  # label -> its tree, for the fused cases
+    one_shot_of = {}  # a fused case's label -> its tree's one-shot all_reduce
     for row in rows:
         if wanted is not None and row["bytes_per_rank"] not in wanted:
             continue
         us = None if row.get("result") == "wrong" else row["us_per_call"]
         figures[label(row)][(row["ranks"], row["bytes_per_rank"])].append(us)
         if "norm_hidden" in row:
-            trees[label(row)] = tree(row)
+            one_shot_of[label(row)] = label(row, ONE_SHOT)
     columns = sorted({key for per in figures.values() for key in per})
     floor = figures.get(PROBE, {})
     names = sorted(figures, key=lambda k: (k != PROBE, k))
     print_table("us per call (x LL floor)", columns,
                 [(name, per_call_cells(name, figures[name], floor, columns)) for name in names])
-    fused = [name for name in names if name in trees]
+    fused = [name for name in names if name in one_shot_of]
     if fused:
         print()
         print_table("us above the one-shot all_reduce of the same bytes, run by run", columns,
                     [(name, above_one_shot_cells(figures[name],
-                                                 figures.get(f"{trees[name]}: {ONE_SHOT}", {}),
-                                                 columns))
+                                                 figures.get(one_shot_of[name], {}), columns))
                      for name in fused])
 
 
