@@ -149,9 +149,15 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
         SignatureOf(kOperation, HashMix(HashMix(signature, static_cast<uint64_t>(index)), a.rows));
     // Every rank plans a launch alike: from its rows, the row length and
     // the world size.
-    const RowPlan plan = algo == Algorithm::kOneShot
-                             ? PlanFusedOneShotRow(row_vectors, a.rows, BlockCap(world))
-                             : PlanFusedRow(row_vectors);
+    // The LL kernels spread a row over a cluster where every row they
+    // reduce (all of them one-shot, a group's two-shot) can have one.
+    a.group_rows = (a.rows + world - 1) / world;
+    const RowPlan plan =
+        algo == Algorithm::kOneShot
+            ? PlanFusedClusterRow(row_vectors, a.rows, BlockCap(world))
+            : algo == Algorithm::kTwoShotLL
+                  ? PlanFusedClusterRow(row_vectors, a.group_rows, BlockCap(world))
+                  : PlanFusedRow(row_vectors);
     const int rows_at_once = plan.rows_per_block;
     a.threads_per_row = plan.threads_per_row;
     a.blocks_per_row = plan.blocks_per_row;
@@ -160,7 +166,6 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
       a.slot_bytes = SlotBytes(layout, world, Algorithm::kOneShot);
       blocks = (a.rows + rows_at_once - 1) / rows_at_once * plan.blocks_per_row;
     } else {
-      a.group_rows = (a.rows + world - 1) / world;
       if (algo == Algorithm::kTwoShotLL) {
         a.slot_bytes = PlanKernel(layout, world, AllReduceKernel::kTwoShotLL).slot_bytes;
       } else {
@@ -168,11 +173,14 @@ ffi::Error AllReduceRmsNormHandler(cudaStream_t stream, int32_t device_ordinal, 
         a.out_offset = AlignUp(a.group_rows * residual_row_bytes);
         a.phase1_slot_bytes = a.out_offset + AlignUp(a.group_rows * out_row_bytes);
       }
-      blocks = (a.group_rows + rows_at_once - 1) / rows_at_once;
+      blocks = (a.group_rows + rows_at_once - 1) / rows_at_once * plan.blocks_per_row;
     }
     // A clustered launch has a cluster a row within the cap (row_plan.h).
     blocks = std::clamp<int64_t>(blocks, 1, BlockCap(world));
-    if (algo != Algorithm::kOneShot) a.rows_per_block = (a.group_rows + blocks - 1) / blocks;
+    if (algo != Algorithm::kOneShot) {
+      const int64_t row_groups = blocks / plan.blocks_per_row;  // blocks or clusters
+      a.rows_per_block = (a.group_rows + row_groups - 1) / row_groups;
+    }
     const cudaError_t err =
         LaunchAllReduceRmsNorm(algo, a, static_cast<int>(blocks), plan.block_threads(),
                                plan.vectors_per_thread, stream);

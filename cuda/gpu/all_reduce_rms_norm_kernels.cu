@@ -102,7 +102,7 @@ __device__ __forceinline__ bool SumRanksOfPacket(const RmsNormLaunchArgs& a, con
 }
 
 // kCluster: a row's threads span a cluster of a.blocks_per_row blocks, one
-// row a cluster (row_plan.h PlanFusedOneShotRow); otherwise a block works on
+// row a cluster (row_plan.h PlanFusedClusterRow); otherwise a block works on
 // blockDim.x / threads_per_row rows at once.
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKernel(
@@ -315,11 +315,23 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
   FinishLaunch(a, ctx);
 }
 
-// The LL two-shot's packet pairs of a row vector in phase 1: its
-// residual_out words (RL::kWords), then its out word (16 bytes, or the
-// first OutVectorBytes of one with FP8).
+// The LL two-shot's packet pairs of a group row in phase 1: first the
+// row's inverse RMS (the first of its 16 bytes), then vector i's
+// residual_out words (RL::kWords) at 1 + i * RL::kWords. A reader makes
+// out from residual_out and the inverse RMS as the owner did (bit for
+// bit: NormalizeLanes), so out never travels: half the phase's packets
+// for residuals of x's type.
 template <Dtype D, Dtype R>
-inline constexpr int kPhase1Pairs = ResidualLanes<D, R>::kWords + 1;
+struct Phase1Pairs {
+  static constexpr int kWords = ResidualLanes<D, R>::kWords;
+  uint64_t row_pairs;
+  __device__ explicit Phase1Pairs(int row_vectors)
+      : row_pairs(static_cast<uint64_t>(row_vectors) * kWords + 1) {}
+  __device__ uint64_t InverseRms(int64_t g) const { return g * row_pairs; }
+  __device__ uint64_t Word(int64_t g, int i, int q) const {
+    return g * row_pairs + 1 + static_cast<uint64_t>(i) * kWords + q;
+  }
+};
 
 // The two-shot over LL packets, for rows of one or two vectors a thread
 // that fit one launch (the handler decides, all_reduce_rms_norm.cc): the
@@ -327,36 +339,54 @@ inline constexpr int kPhase1Pairs = ResidualLanes<D, R>::kWords + 1;
 // rounds of flags. Rank j's LL half holds two regions of `world` slots of
 // a.slot_bytes: phase 0, sender s's rows of group j (packet pair
 // 2 * (g * row_vectors + i) for vector i of group row g); phase 1, sender
-// s's outputs of group s (kPhase1Pairs pairs a vector). Every rank sends
-// the outputs of every row of its group, zeros for rows past the call's
+// s's residual_out and inverse RMS of group s (Phase1Pairs). Every rank
+// sends those of every row of its group, zeros for rows past the call's
 // last, so that whoever reads a place of the slots reads every rank's.
-template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
+//
+// kCluster: a group row's threads span a cluster of a.blocks_per_row blocks,
+// one group row a cluster, as the one-shot's rows do (row_plan.h
+// PlanFusedClusterRow); otherwise a block works on blockDim.x /
+// threads_per_row rows at once.
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
   static_assert(kVectors <= 2, "the LL two-shot takes rows of one or two vectors a thread");
+  static_assert(!kCluster || kVectors == 1, "clustered rows hold one vector a thread");
   using RL = ResidualLanes<D, R>;
-  constexpr int kPairs = kPhase1Pairs<D, R>;
-  __shared__ BlockRowSums partials;
+  constexpr int kLanes = Vec<D>::kLanes;
+  __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : 1];
+  if constexpr (kCluster) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kRowSumSlots; ++s) ReadyRowSumSlot(scratch[s], a.threads_per_row / 32);
+      FenceRowSumSlotsReady();
+    }
+    ClusterArriveRelaxed();
+  }
+  // As in the one-shot: a launch that may not run fills its outputs, and
+  // in clusters its blocks still take part in the row sums, touching no
+  // workspace.
   LaunchContext ctx;
-  if (!StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); })) return;
+  const bool live = StartLaunch(a, ctx, [&] { FillRmsNormOutputs<D, R>(a); });
+  if (!kCluster && !live) return;
   const PacketFlags flags = ctx.flags;
   const int parity = ctx.parity;
   Waiter waiter(a, ctx.launch);
   const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
   const int tpr = a.threads_per_row;
-  const int lane = threadIdx.x % tpr;
-  const int rows_at_once = blockDim.x / tpr;
+  const int lane = RowLane<kCluster>(a);
+  const int rows_at_once = kCluster ? 1 : blockDim.x / tpr;
+  const int row_group = kCluster ? blockIdx.x / a.blocks_per_row : blockIdx.x;
   const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
   const uint64_t residual_row_bytes = ResidualRowBytes<D, R>(a);
   const int out_bytes = OutVectorBytes<D>(a);
   const uint64_t out_row_bytes = static_cast<uint64_t>(a.row_vectors) * out_bytes;
   const uint64_t phase1 = static_cast<uint64_t>(a.world) * a.slot_bytes;
-  // This block's rows of a group: [lo, hi).
-  const int64_t lo = blockIdx.x * a.rows_per_block;
+  // This block's (cluster's) rows of a group: [lo, hi).
+  const int64_t lo = static_cast<int64_t>(row_group) * a.rows_per_block;
   const int64_t hi = min(lo + a.rows_per_block, a.group_rows);
 
   // Phase 0: my rows of group j go to rank j.
-  for (int step = 1; step < a.world; ++step) {
+  for (int step = 1; live && step < a.world; ++step) {
     const int peer = PeerAfter(a, step);
     LLPacket* theirs = PacketSlot(a, peer, parity, a.slot_bytes, a.rank);
     for (int64_t base = lo; base < hi; base += rows_at_once) {
@@ -375,13 +405,17 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
   }
 
   // My group: reduce as the parts arrive, add the residual, normalize; both
-  // outputs go to mine and, as packets, to every peer.
+  // outputs go to mine, and residual_out and the inverse RMS, as packets,
+  // to every peer.
   const LLPacket* parts = PacketSlot(a, a.rank, parity, a.slot_bytes, 0);
-  const auto send = [&](int64_t g, int i, int q, uint4 word) {
-    SendPacketPair(a, parity, a.slot_bytes, 2 * ((g * a.row_vectors + i) * kPairs + q), word,
-                   flags, phase1);
+  const Phase1Pairs<D, R> pairs(a.row_vectors);
+  const auto send = [&](uint64_t pair, uint4 word) {
+    SendPacketPair(a, parity, a.slot_bytes, 2 * pair, word, flags, phase1);
   };
-  bool ok = true;
+  // Every block of the cluster has started and readied its slots (a
+  // cluster has one group row: its loop below runs once).
+  if constexpr (kCluster) ClusterWait();
+  bool ok = live;
   for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: the row sums sync
     const int64_t g = base + threadIdx.x / tpr;
     const int64_t row = a.rank * a.group_rows + g;
@@ -392,9 +426,9 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
       const int i = lane + k * tpr;
       if (active && i < a.row_vectors) mine[k] = LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
     }
-    NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false,
-                        kOneShotEarlyVectors<kVectors>>(
-        a, row, active, &partials,
+    const float inv_rms = NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster,
+                                              kOneShotEarlyVectors<kVectors>>(
+        a, row, active, scratch,
         [&](int k, int i, float* acc) {
           ok = SumRanksOfPacket<D>(a, parts, a.slot_bytes, 2 * (g * a.row_vectors + i), flags,
                                    waiter, mine[k], ok, acc);
@@ -403,60 +437,95 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
           if (!ok) return;
           RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, words);
 #pragma unroll
-          for (int q = 0; q < RL::kWords; ++q) send(g, i, q, words[q]);
+          for (int q = 0; q < RL::kWords; ++q) send(pairs.Word(g, i, q), words[q]);
         },
         [&](int i, const float* y) {
-          if (!ok) return;
-          const uint4 word = PackOut<D>(a, scale, y);
-          StoreOutWord(RowOf(a.out, row, out_row_bytes) + out_bytes * i, word, out_bytes);
-          send(g, i, kPairs - 1, word);
+          if (ok) StoreOut<D>(a, scale, y, RowOf(a.out, row, out_row_bytes) + out_bytes * i);
         });
+    if (ok && active && lane == 0) {
+      send(pairs.InverseRms(g), make_uint4(__float_as_uint(inv_rms), 0, 0, 0));
+    }
     // Rows of my group past the call's last: zeros, which their readers
     // take and drop.
-    if (g < hi && row >= a.rows) {
+    if (live && g < hi && row >= a.rows) {
+      if (lane == 0) send(pairs.InverseRms(g), make_uint4(0, 0, 0, 0));
 #pragma unroll
       for (int k = 0; k < kVectors; ++k) {
         const int i = lane + k * tpr;
         if (i >= a.row_vectors) continue;
 #pragma unroll
-        for (int q = 0; q < kPairs; ++q) send(g, i, q, make_uint4(0, 0, 0, 0));
+        for (int q = 0; q < RL::kWords; ++q) send(pairs.Word(g, i, q), make_uint4(0, 0, 0, 0));
       }
     }
   }
 
-  // Phase 1: every other group's outputs into mine, every rank's words at
-  // one place of the slots read at once (they have mostly arrived by now).
+  // Phase 1: every other group's rows into mine: residual_out as it came,
+  // out made from it and the owner's inverse RMS. Every rank's packets at
+  // one place of the slots are read at once (they have mostly arrived by
+  // now), kPhase1RanksInFlight ranks at a time.
   const LLPacket* outputs = PacketSlot(a, a.rank, parity, a.slot_bytes, 0, phase1);
+  const int hidden = a.row_vectors * kLanes;
   for (int64_t base = lo; base < hi && ok; base += rows_at_once) {
     const int64_t g = base + threadIdx.x / tpr;
     if (g >= hi) continue;
+    for (int first = 0; first < a.world && ok; first += kPhase1RanksInFlight) {
+      RankBatch<kPhase1RanksInFlight> inverse;
+      inverse.base = first;
+      ok = GatherRanks(a, outputs, a.slot_bytes, 2 * pairs.InverseRms(g), flags, waiter,
+                       make_uint4(0, 0, 0, 0), inverse);
 #pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
-      const int i = lane + k * tpr;
-      if (i >= a.row_vectors) continue;
+      for (int k = 0; k < kVectors; ++k) {
+        const int i = lane + k * tpr;
+        if (!ok || i >= a.row_vectors) continue;
+        RankBatch<kPhase1RanksInFlight> words[RL::kWords];
 #pragma unroll
-      for (int q = 0; q < kPairs; ++q) {
-        ok = ok && TakeInRankOrder<kPhase1RanksInFlight>(
-            a, outputs, a.slot_bytes, 2 * ((g * a.row_vectors + i) * kPairs + q), flags, waiter,
-            make_uint4(0, 0, 0, 0), [&](const RankBatch<kPhase1RanksInFlight>& batch) {
+        for (int q = 0; q < RL::kWords; ++q) {
+          words[q].base = first;
+          ok = ok && GatherRanks(a, outputs, a.slot_bytes, 2 * pairs.Word(g, i, q), flags, waiter,
+                                 make_uint4(0, 0, 0, 0), words[q]);
+        }
+        if (!ok) continue;
 #pragma unroll
-              for (int r = 0; r < kPhase1RanksInFlight; ++r) {
-                const int s = batch.base + r;
-                const int64_t row = s * a.group_rows + g;
-                if (r >= batch.count || s == a.rank || row >= a.rows) continue;
-                if (q < RL::kWords) {
-                  Store16(RowOf(a.residual_out, row, residual_row_bytes) + RL::kBytes * i + 16 * q,
-                          batch.Data(r));
-                } else {
-                  StoreOutWord(RowOf(a.out, row, out_row_bytes) + out_bytes * i, batch.Data(r),
-                               out_bytes);
-                }
-              }
-            });
+        for (int r = 0; r < kPhase1RanksInFlight; ++r) {
+          const int s = first + r;
+          const int64_t row = s * a.group_rows + g;
+          if (r >= inverse.count || s == a.rank || row >= a.rows) continue;
+          uint4 stored[RL::kWords];
+#pragma unroll
+          for (int q = 0; q < RL::kWords; ++q) stored[q] = words[q].Data(r);
+          RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, stored);
+          const int group = a.groups > 1 ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
+                                                            static_cast<uint32_t>(a.rows_per_group))
+                                         : 0;
+          float v[kLanes], gamma[kLanes], y[kLanes];
+          RL::Unpack(stored, v);
+          LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, gamma);
+          NormalizeLanes<kLanes>(v, __uint_as_float(inverse.Data(r).x), gamma, y);
+          StoreOut<D>(a, scale, y, RowOf(a.out, row, out_row_bytes) + out_bytes * i);
+        }
       }
     }
   }
-  FinishLaunch(a, ctx);
+  if (live) FinishLaunch(a, ctx);
+}
+
+// A launch of `kernel` whose rows' threads span clusters of
+// args.blocks_per_row blocks.
+template <typename Kernel>
+cudaError_t LaunchClustered(Kernel kernel, const RmsNormLaunchArgs& args, int blocks, int threads,
+                            cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(args.blocks_per_row);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args);
 }
 
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
@@ -468,10 +537,19 @@ cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int 
   }
   if (algorithm == Algorithm::kTwoShotLL) {
     if constexpr (kVectors <= 2) {
-      TwoShotLLRmsNormKernel<D, R, kPostNorm, kVectors><<<blocks, threads, 0, stream>>>(args);
-      return cudaGetLastError();
+      if (args.blocks_per_row == 1) {
+        TwoShotLLRmsNormKernel<D, R, kPostNorm, kVectors, false>
+            <<<blocks, threads, 0, stream>>>(args);
+        return cudaGetLastError();
+      }
+      if constexpr (kVectors == 1) {
+        return LaunchClustered(TwoShotLLRmsNormKernel<D, R, kPostNorm, kVectors, true>, args,
+                               blocks, threads, stream);
+      }
     }
-    return cudaErrorInvalidValue;  // the handler takes it for rows of up to two vectors a thread
+    // The handler takes it for rows of up to two vectors a thread, and the
+    // plan clusters only threads of one.
+    return cudaErrorInvalidValue;
   }
   if (args.blocks_per_row == 1) {
     OneShotRmsNormKernel<D, R, kPostNorm, kVectors, false><<<blocks, threads, 0, stream>>>(args);
@@ -479,20 +557,9 @@ cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int 
   }
   if constexpr (kVectors == 1) {
     // A row spans a cluster of blocks, one vector a thread (row_plan.h
-    // PlanFusedOneShotRow).
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(blocks);
-    config.blockDim = dim3(threads);
-    config.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(args.blocks_per_row);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, OneShotRmsNormKernel<D, R, kPostNorm, kVectors, true>,
-                              args);
+    // PlanFusedClusterRow).
+    return LaunchClustered(OneShotRmsNormKernel<D, R, kPostNorm, kVectors, true>, args, blocks,
+                           threads, stream);
   }
   return cudaErrorInvalidValue;  // the plan never clusters threads of more vectors
 }
@@ -550,8 +617,9 @@ cudaError_t LoadVariant() {
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 1>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 2>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),
-      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 1>),
-      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 2>),
+      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 1, false>),
+      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 2, false>),
+      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 1, true>),
   };
   for (const void* kernel : kernels) {
     if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {

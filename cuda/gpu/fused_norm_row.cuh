@@ -138,7 +138,7 @@ using RowSumScratch = std::conditional_t<kCluster, ClusterRowSumSlot, BlockRowSu
 // How many sums of squares a thread of kVectors vectors keeps: rows of two
 // vectors a thread (PlanFusedRow: 513-1024 vectors) sum each vector apart,
 // as the one-vector threads of the fused one-shot's clusters hold them
-// (PlanFusedOneShotRow), so that a row's result does not depend on the
+// (PlanFusedClusterRow), so that a row's result does not depend on the
 // plan its launch took (row_norm.cuh RowSumOfVectors); rows of more
 // vectors never cluster.
 template <int kVectors>
@@ -194,6 +194,16 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
   return served ? inv : InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
 }
 
+// y = (v * inv_rms) * gamma, lane by lane in float32: the norm's last step,
+// which the LL two-shot's readers repeat from residual_out and the owner's
+// inverse RMS, bit for bit.
+template <int kLanes>
+__device__ __forceinline__ void NormalizeLanes(const float* v, float inv_rms, const float* g,
+                                               float* y) {
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) y[j] = __fmul_rn(__fmul_rn(v[j], inv_rms), g[j]);
+}
+
 // The norm of the row this thread works on, after the sum over ranks: for
 // each of its vectors i of row `row` (when `active`), reduce(k, i, t) puts
 // the float32 sum over ranks of vector i (the k-th of this thread) in t;
@@ -204,10 +214,10 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
 // Every thread of the block (of the cluster, with kCluster) must call it
 // together (InverseRmsOfRow synchronizes); with kCluster once a launch,
 // after every block of the cluster started (ClusterRowSum: a slot takes one
-// sum).
+// sum). Returns the row's inverse RMS (of the norm, not the post-norm).
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, int kEarlyVectors,
           typename Reduce, typename EmitResidual, typename EmitOut>
-__device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
+__device__ __forceinline__ float NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
                                                     bool active, RowSumScratch<kCluster>* scratch,
                                                     Reduce&& reduce,
                                                     EmitResidual&& emit_residual,
@@ -333,9 +343,10 @@ __device__ __forceinline__ void NormalizeReducedRow(const RmsNormLaunchArgs& a, 
       LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, g);
     }
 #pragma unroll
-    for (int j = 0; j < kLanes; ++j) y[j] = __fmul_rn(__fmul_rn(v[j], inv_rms), g[j]);
+    NormalizeLanes<kLanes>(v, inv_rms, g, y);
     emit_out(i, y);
   }
+  return inv_rms;
 }
 
 }  // namespace jax_ar::gpu

@@ -115,7 +115,7 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 inline constexpr int kMinClusterBlockThreads = 64;
 inline constexpr int kMaxClusterBlockThreads = kFusedNarrowThreads;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
-inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, int64_t rows, int block_cap) {
+inline constexpr RowPlan PlanFusedClusterRow(int row_vectors, int64_t rows, int block_cap) {
   const RowPlan plan = PlanFusedRow(row_vectors);
   if (plan.rows_per_block != 1 || plan.vectors_per_thread > 2) return plan;
   const int threads_per_row = PlanRow(row_vectors, 1).threads_per_row;
@@ -127,21 +127,21 @@ inline constexpr RowPlan PlanFusedOneShotRow(int row_vectors, int64_t rows, int 
   }
   return plan;
 }
-static_assert(PlanFusedOneShotRow(512, 1, 16).blocks_per_row == 512 / kMinClusterBlockThreads &&
-                  PlanFusedOneShotRow(512, 1, 16).block_threads() == kMinClusterBlockThreads &&
-                  PlanFusedOneShotRow(512, 4, 16).blocks_per_row == 4 &&
-                  PlanFusedOneShotRow(512, 4, 16).block_threads() == 128 &&
-                  PlanFusedOneShotRow(512, 8, 16).blocks_per_row == 2 &&
-                  PlanFusedOneShotRow(512, 8, 16).block_threads() == 256 &&
-                  PlanFusedOneShotRow(512, 9, 16).blocks_per_row == 1 &&
-                  PlanFusedOneShotRow(512, 64, 16).blocks_per_row == 1 &&
-                  PlanFusedOneShotRow(1024, 1, 16).threads_per_row == kMaxThreadsPerRow &&
-                  PlanFusedOneShotRow(1024, 1, 16).vectors_per_thread == 1 &&
-                  PlanFusedOneShotRow(1024, 1, 16).block_threads() == 128 &&
-                  PlanFusedOneShotRow(1024, 8, 16).block_threads() == kMaxClusterBlockThreads &&
-                  PlanFusedOneShotRow(1024, 9, 16).threads_per_row == kFusedNarrowThreads &&
-                  PlanFusedOneShotRow(1024, 9, 16).vectors_per_thread == 2 &&
-                  PlanFusedOneShotRow(2048, 1, 64).blocks_per_row == 1,
+static_assert(PlanFusedClusterRow(512, 1, 16).blocks_per_row == 512 / kMinClusterBlockThreads &&
+                  PlanFusedClusterRow(512, 1, 16).block_threads() == kMinClusterBlockThreads &&
+                  PlanFusedClusterRow(512, 4, 16).blocks_per_row == 4 &&
+                  PlanFusedClusterRow(512, 4, 16).block_threads() == 128 &&
+                  PlanFusedClusterRow(512, 8, 16).blocks_per_row == 2 &&
+                  PlanFusedClusterRow(512, 8, 16).block_threads() == 256 &&
+                  PlanFusedClusterRow(512, 9, 16).blocks_per_row == 1 &&
+                  PlanFusedClusterRow(512, 64, 16).blocks_per_row == 1 &&
+                  PlanFusedClusterRow(1024, 1, 16).threads_per_row == kMaxThreadsPerRow &&
+                  PlanFusedClusterRow(1024, 1, 16).vectors_per_thread == 1 &&
+                  PlanFusedClusterRow(1024, 1, 16).block_threads() == 128 &&
+                  PlanFusedClusterRow(1024, 8, 16).block_threads() == kMaxClusterBlockThreads &&
+                  PlanFusedClusterRow(1024, 9, 16).threads_per_row == kFusedNarrowThreads &&
+                  PlanFusedClusterRow(1024, 9, 16).vectors_per_thread == 2 &&
+                  PlanFusedClusterRow(2048, 1, 64).blocks_per_row == 1,
               "fused one-shot clusters: one vector a thread, a cluster a row within the cap, "
               "of the smallest blocks that fit; else PlanFusedRow's");
 static_assert(PlanFusedRow(512).vectors_per_thread == 1 && PlanFusedRow(513).vectors_per_thread == 2 &&
