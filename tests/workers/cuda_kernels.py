@@ -219,15 +219,18 @@ def check_fused_layouts(mesh, comm, rng):
     """A row's outputs are the same bits however its launch spread rows over
     threads: one row alone (its threads over a cluster of blocks, one
     vector each), 128 / (2 n) rows at n ranks (the most that still have a
-    cluster each, of two blocks: row_plan.h PlanFusedOneShotRow and
+    cluster each, of two blocks: row_plan.h PlanFusedClusterRow and
     layout.h BlockCap), 48 rows (one block a row, two vectors a thread at
-    hidden 8192) and those 48 rows two-shot: the row's sums of squares add
-    in one order whatever the plan."""
+    hidden 8192), those 48 rows two-shot, and 8 rows two-shot (over LL
+    packets, a group row a cluster; the readers make out from residual_out
+    and the owner's inverse RMS): the row's sums of squares add in one
+    order whatever the plan."""
     n = jax.device_count()
     eps = 1e-6
     many = 48
     layouts = (("one row", "oneshot", 1), ("two-block clusters", "oneshot", 64 // n),
-               ("oneshot", "oneshot", many), ("twoshot", "twoshot", many))
+               ("oneshot", "oneshot", many), ("twoshot", "twoshot", many),
+               ("two-shot clusters", "twoshot", 8))
     for dtype, residual_dtype, hidden, post in (("bfloat16", "bfloat16", 4096, False),
                                                 ("bfloat16", "bfloat16", 8192, False),
                                                 ("bfloat16", "float32", 8192, True),
