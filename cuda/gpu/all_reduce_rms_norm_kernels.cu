@@ -14,10 +14,11 @@
 // it. one-shot: every rank sends its rows of x as LL packets to every peer
 // and computes every row itself (the all-reduce kernel's protocol, row by
 // row). two-shot: rows are split into `world` groups; each rank reduces and
-// normalizes its group and sends both outputs to everybody (the two-shot
-// protocol with rows for chunks), over LL packets where the handler takes
-// them (kTwoShotLL: calls of up to 512 KB that fit one launch), else over
-// plain data and two rounds of flags.
+// normalizes its group and sends its outputs to everybody (the two-shot
+// protocol with rows for chunks): over LL packets where the handler takes
+// them (kTwoShotLL: calls of up to 512 KB that fit one launch) residual_out
+// and each row's inverse RMS, from which the readers make out, bit for bit
+// the owner's; else both outputs over plain data and two rounds of flags.
 //
 // Both norms (one InverseRmsOfRow each, gpu/fused_norm_row.cuh): squares
 // summed in float32 per thread and over the row, inv_rms = rsqrtf(sum /
@@ -41,7 +42,8 @@ namespace {
 // four-vector kernels' blocks of up to 1024 threads leave 64 registers a
 // thread (row_plan.h FusedMaxThreads).
 constexpr int kFusedRanksInFlight = 2;
-// Ranks whose output words the LL two-shot's phase 1 reads at once. Eight
+// Ranks whose packets at one place the LL two-shot's phase 1 reads at once
+// (measured when phase 1 carried both outputs' words). Eight
 // spilled 0.5-1.4 KB a thread (ptxas); four took 0.1-0.5 us a call more
 // than two at hidden 4096 (one cell 0.07 less) and -0.2..+2.5 at 8192 (16
 // and 256 KB, 2, 4 and 8 ranks, one run each; docs/latency_log.md "Latency,

@@ -43,11 +43,12 @@ int64_t FusedRowsPerLaunch(const DataLayout& layout, int world, Algorithm algori
     return static_cast<int64_t>(layout.ll_half / (static_cast<uint64_t>(world) * 2 * row_bytes));
   }
   if (algorithm == Algorithm::kTwoShotLL) {
-    // A group row in a phase-1 slot: its residual_out and out words as
-    // packets, an out word of 16 bytes whatever out's type (twice
-    // residual_row_bytes + row_bytes); phase 0's rows of x take less.
+    // A group row in a phase-1 slot: its inverse RMS (16 data bytes) and
+    // residual_out words as packets (all_reduce_rms_norm_kernels.cu
+    // Phase1Pairs: twice residual_row_bytes + 16); phase 0's rows of x take
+    // no more (x is no wider than the residual).
     const uint64_t slot = PlanKernel(layout, world, AllReduceKernel::kTwoShotLL).slot_bytes;
-    return static_cast<int64_t>(slot / (2 * (residual_row_bytes + row_bytes))) * world;
+    return static_cast<int64_t>(slot / (2 * (residual_row_bytes + 16))) * world;
   }
   return static_cast<int64_t>(FusedGroupRows(SenderShare(layout, world), row_bytes,
                                              residual_row_bytes, out_row_bytes)) *

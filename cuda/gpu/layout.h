@@ -232,7 +232,9 @@ using LaunchArgs = AllReduceArgs<kMaxSegmentsPerLaunch>;
 // rows [j * group_rows, (j + 1) * group_rows); phase 0 sends each group's x
 // to its owner (phase0_slot_bytes per sender), the owner reduces and
 // normalizes, phase 1 sends both outputs of the group to everybody
-// (phase1_slot_bytes per sender: residual_out rows, then out rows). Rows of
+// (phase1_slot_bytes per sender: residual_out rows, then out rows; over LL
+// packets, the LL two-shot, residual_out and each row's inverse RMS, all
+// in slots of slot_bytes). Rows of
 // the call fall into groups of rows_per_group (vmap over stacked layers):
 // row r of the launch (row first_row + r of the call) uses row
 // (first_row + r) / rows_per_group of gamma, post_gamma and bias.

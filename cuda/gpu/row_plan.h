@@ -83,8 +83,10 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
   }
   return PlanRow(row_vectors, kMaxVectorsPerThread);
 }
-// The fused one-shot's plan for a launch of `rows` rows: where every row
-// can have a cluster of blocks of its own within `block_cap` blocks, one
+// The plan of the fused kernels over LL packets for a launch whose rank
+// reduces `rows` rows (the one-shot: every row; the LL two-shot: a group's
+// rows): where every such row can have a cluster of blocks of its own
+// within `block_cap` blocks, one
 // vector a thread, the row's threads (a power of two, up to
 // kMaxThreadsPerRow) spread over the cluster's blocks: blocks of
 // kMinClusterBlockThreads threads where those clusters fit, else of twice
@@ -111,7 +113,11 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // takes two 512-thread blocks, 0.3-0.8 us slower at 2 ranks (32 tokens)
 // than two 256-thread blocks of two vectors a thread and 0.4-1.0 us faster
 // at 8 ranks. Two vectors a thread in smaller clusters ran up to 4.3 us
-// slower (0.1-1.0 at 2 ranks).
+// slower (0.1-1.0 at 2 ranks). The LL two-shot took one block a group row
+// until 2026-12-05: with clusters (and phase 1 carrying residual_out and
+// the row's inverse RMS instead of both outputs) it ran 0.45-0.77x its
+// time at 16-512 KB, hidden 4096 and 8192, 2, 4 and 8 ranks (one H100,
+// docs/latency_log.md "Latency, thirty-third push").
 inline constexpr int kMinClusterBlockThreads = 64;
 inline constexpr int kMaxClusterBlockThreads = kFusedNarrowThreads;
 inline constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
