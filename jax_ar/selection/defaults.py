@@ -91,43 +91,39 @@ def _gpu_defaults(n: int) -> dict:
 
 
 # all_reduce_rms_norm's paths on the GPU, per call, measured at 2, 4 and 8
-# ranks sharing one H200 under MPS (bfloat16, hidden 4096): up to 2 MB
-# `benchmarks/per_call_overhead.py` (300 dependent calls a program, median
-# of 3), every path in one command with the modules of 7c5595e (2026-12-04,
-# docs/results/latency_h200_mps_2026-12-04_7c5595e_norm_paths.jsonl: since
-# the curves before these, 2026-12-03, the all-reduce kernels read two
-# ranks at a time from 3 ranks and the fused one-shot's clustered row sum
-# completes on mbarriers); from 4 MB `bench --op rms_norm` with those of
-# 8320dec (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt;
-# "fused" there is the two-shot). "composed" is the pair jax_ar.all_reduce
-# + jax_ar.rms_norm. The fused two-shot's points up to 512 KB are those of
-# its LL kernel (since e88930e: calls of up to 512 KB that fit one launch
-# of it, rows of one or two vectors a thread), timed with the modules of 1785ea3, whose kernel
-# read four ranks' output words at once where e88930e's reads two: 16
-# and 256 KB as e88930e's, 64, 128 and 512 KB as 1785ea3's (two were
-# 0.1-0.5 us faster at hidden 4096, one run each;
-# ..._1785ea3_fused_ll.jsonl); from 1 MB the plain kernel's, as before
-# (the LL kernel takes calls of up to 512 KB: at 1 MB it took 1.04-1.06x
-# the plain one's time, same file).
-# The curves know bytes, not the row length, and the fused two-shot runs
-# rows of more than 4096 16-bit elements with two vectors a thread: at
-# hidden 8192 the plain kernel took 14.7 / 14.7 / 16.7 us at 512 KB / 1
-# MB / 2 MB and 2 ranks, 32.1 / 35.3 / 43.5 at 4 and 59.2 / 68.1 / 86.3 at
-# 8, 0.98-1.27x its hidden-4096 times, where the pair's times hardly moved
-# (..._5d5e66a_auto_check.jsonl), and the LL kernel 17.1 / 30.4 / 64.0 at
-# 512 KB and 2 / 4 / 8 ranks, 1.6-1.7x. So its points at 512 KB-2 MB are
-# the slower of the two row lengths: auto then runs the pair at 4 ranks
-# and 1 MB, which was 28% faster than the two-shot at hidden 8192 and
-# 2.5% slower at 4096. What the points choose:
-#   2 ranks  fused one-shot up to 1 MB, fused two-shot 2-4 MB, pair from 8 MB;
-#   4 ranks  fused one-shot up to 512 KB (17.26 us there against the
-#            pair's 17.92), the pair at 1 MB (see above), two-shot 2-4 MB,
-#            pair from 8 MB;
-#   8 ranks  fused one-shot up to 64 KB, the pair at 128 KB-1 MB (at 128
-#            KB 18.03 us against the fused one-shot's 19.04, which the
-#            curves before these chose; at 1 MB 56.17 against the
-#            two-shot's 56.62 at hidden 4096 and 68.11 at 8192), two-shot
-#            2-4 MB, pair from 8 MB.
+# ranks sharing one GPU under MPS (bfloat16): from 16 to 512 KB every
+# path in one command on one H100 with the modules of 55bfd29 (2026-12-05,
+# docs/results/latency_h100_mps_2026-12-05_55bfd29_norm_paths.jsonl:
+# `benchmarks/per_call_overhead.py`, 300 dependent calls a program, median
+# of 3), since the fused two-shot over LL packets spreads a group row over
+# a cluster and its phase 1 carries residual_out and the rows' inverse RMS
+# (0.45-0.77x its earlier time); from 1 to 2 MB on one H200 with the
+# modules of 7c5595e (2026-12-04, ..._7c5595e_norm_paths.jsonl, the same
+# benchmark); from 4 MB `bench --op rms_norm` with those of 8320dec
+# (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt; "fused"
+# there is the two-shot). "composed" is the pair jax_ar.all_reduce +
+# jax_ar.rms_norm. The fused one-shot and the pair are hidden 4096's; the
+# fused two-shot, whose kernel runs rows of more than 4096 16-bit elements
+# differently, the slower of hidden 4096 and 8192 up to 2 MB (the curves
+# know bytes, not the row length). Up to 512 KB it is the LL kernel (calls
+# that fit one launch of it, rows of one or two vectors a thread); from 1
+# MB the plain kernel's, whose times at hidden 8192 were 14.7 / 14.7 /
+# 16.7 us at 512 KB / 1 MB / 2 MB and 2 ranks, 32.1 / 35.3 / 43.5 at 4 and
+# 59.2 / 68.1 / 86.3 at 8, 0.98-1.27x its hidden-4096 times, where the
+# pair's hardly moved (..._5d5e66a_auto_check.jsonl): auto runs the pair at
+# 4 ranks and 1 MB, 28% faster than the two-shot at hidden 8192 and 2.5%
+# slower at 4096. What the points choose:
+#   2 ranks  fused one-shot up to 1 MB (at 512 KB 7.67 us against the
+#            two-shot's 7.86 and 8.36), fused two-shot 2-4 MB, pair from
+#            8 MB;
+#   4 ranks  fused one-shot up to 256 KB, fused two-shot at 512 KB (15.09
+#            us against the pair's 17.71 and the one-shot's 18.50), the
+#            pair at 1 MB (see above), two-shot 2-4 MB, pair from 8 MB;
+#   8 ranks  fused one-shot up to 64 KB, the pair at 128 and 256 KB (at
+#            256 KB 20.60 us against the two-shot's 20.68 and 20.92), the
+#            two-shot at 512 KB (29.18 against 30.63), the pair at 1 MB
+#            (56.17 against the plain two-shot's 56.62 at hidden 4096 and
+#            68.11 at 8192), two-shot 2-4 MB, pair from 8 MB.
 # The fused one-shot's time grows with the ranks far faster than the
 # others' (every rank reads every peer's rows as LL packets), which one
 # curve plus 1 us a rank, the tables before 8c6dcc7, missed. Not
@@ -141,18 +137,18 @@ def _gpu_defaults(n: int) -> dict:
 _GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
                    4194304, 8388608, 16777216, 33554432)
 _GPU_NORM_US = {
-    2: {"fused_oneshot": (4.74, 4.87, 5.61, 6.49, 7.49, 10.62, 23.25),
-        "fused_twoshot": (8.98, 9.53, 9.61, 9.66, 17.07, 14.72, 16.99,
+    2: {"fused_oneshot": (4.92, 5.03, 5.65, 6.16, 7.67, 10.62, 23.25),
+        "fused_twoshot": (6.70, 7.15, 7.30, 7.51, 8.36, 14.72, 16.99,
                           33.9, 73.2, 132.7, 245.1),
-        "composed": (6.80, 7.13, 7.56, 8.20, 9.41, 11.92, 22.16, 35.6, 57.5, 119.0, 213.7)},
-    4: {"fused_oneshot": (6.47, 6.79, 8.06, 11.06, 17.26, 42.37, 71.44),
-        "fused_twoshot": (14.98, 16.72, 16.47, 17.03, 30.41, 35.27, 43.46,
+        "composed": (6.93, 7.34, 7.91, 8.46, 9.68, 11.92, 22.16, 35.6, 57.5, 119.0, 213.7)},
+    4: {"fused_oneshot": (6.59, 7.11, 8.06, 11.96, 18.50, 42.37, 71.44),
+        "fused_twoshot": (10.29, 11.97, 12.38, 13.03, 15.09, 35.27, 43.46,
                           72.9, 158.7, 282.5, 528.4),
-        "composed": (10.65, 9.78, 10.69, 13.49, 17.92, 29.18, 47.62, 79.1, 138.1, 271.0, 496.9)},
-    8: {"fused_oneshot": (8.65, 12.19, 19.04, 31.02, 78.38, 142.67, 272.60),
-        "fused_twoshot": (26.56, 29.98, 30.32, 32.20, 63.99, 68.11, 86.31,
+        "composed": (8.91, 9.94, 11.23, 13.03, 17.71, 29.18, 47.62, 79.1, 138.1, 271.0, 496.9)},
+    8: {"fused_oneshot": (8.66, 13.39, 21.63, 34.80, 88.99, 142.67, 272.60),
+        "fused_twoshot": (15.10, 17.67, 18.99, 20.92, 29.18, 68.11, 86.31,
                           144.2, 2 * 158.7, 2 * 282.5, 2 * 528.4),
-        "composed": (11.42, 15.08, 18.03, 20.55, 32.94, 56.17, 100.24,
+        "composed": (11.65, 16.41, 17.51, 20.60, 30.63, 56.17, 100.24,
                      159.6, 2 * 138.1, 2 * 271.0, 2 * 496.9)},
 }
 
