@@ -115,7 +115,7 @@ inline constexpr RowPlan PlanFusedRow(int row_vectors) {
 // at 8 ranks. Two vectors a thread in smaller clusters ran up to 4.3 us
 // slower (0.1-1.0 at 2 ranks). The LL two-shot took one block a group row
 // until 2026-12-05: with clusters (and phase 1 carrying residual_out and
-// the row's inverse RMS instead of both outputs) it ran 0.45-0.77x its
+// the row's inverse RMS instead of both outputs) it ran 0.34-0.80x its
 // time at 16-512 KB, hidden 4096 and 8192, 2, 4 and 8 ranks (one H100,
 // docs/latency_log.md "Latency, thirty-third push").
 inline constexpr int kMinClusterBlockThreads = 64;

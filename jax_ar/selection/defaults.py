@@ -97,7 +97,7 @@ def _gpu_defaults(n: int) -> dict:
 # `benchmarks/per_call_overhead.py`, 300 dependent calls a program, median
 # of 3), since the fused two-shot over LL packets spreads a group row over
 # a cluster and its phase 1 carries residual_out and the rows' inverse RMS
-# (0.45-0.77x its earlier time); from 1 to 2 MB on one H200 with the
+# (0.34-0.80x its earlier time); from 1 to 2 MB on one H200 with the
 # modules of 7c5595e (2026-12-04, ..._7c5595e_norm_paths.jsonl, the same
 # benchmark); from 4 MB `bench --op rms_norm` with those of 8320dec
 # (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt; "fused"
