@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device command for a session whose machine starts are scarce: the
+# whole GPU suite on this tree (scripts/gpu_run.sh), then, in the time left
+# of the command, this tree's kernels beside the LL floor probe
+# (scripts/latency_ab.sh, into $OUT/standing.jsonl). Carry the three
+# module files scripts/build_for_gpu.sh writes and ./probes (a copy of
+# ../shared/probes). The suite took 320 s on an H100 on 2026-12-05 and the
+# standing about 250 s, so both fit one 600 s command; a standing cut
+# short by the time limit still leaves its finished lines in $OUT.
+#
+#   bash scripts/gpu_session.sh            # from the repository root
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_results}"
+LIMIT_S="${JAX_AR_SESSION_LIMIT_S:-588}"  # under the device tool's 600 s
+mkdir -p "$OUT"
+start=$SECONDS
+JAX_AR_GPU_PREBUILT=1 JAX_AR_GPU_BUDGET_S=560 \
+  JAX_AR_GPU_ALONE="tests/test_comm_faults.py tests/test_ops_all_reduce.py tests/test_cuda_kernels.py" \
+  OUT="$OUT" bash scripts/gpu_run.sh build tests > "$OUT/suite_log.txt" 2>&1
+echo "suite rc=$? after $((SECONDS - start)) s" >> "$OUT/suite_log.txt"
+left=$((LIMIT_S - (SECONDS - start)))
+echo "the standing gets $left s" >> "$OUT/suite_log.txt"
+if [ "$left" -gt 30 ]; then
+  all_reduce="--bytes 1K,16K,64K,256K --algorithms oneshot,twoshot --copy-bytes= --repeats 3"
+  fused="--bytes 16K,64K,256K,512K,1M,2M --algorithms oneshot --norm-algorithms auto"
+  fused="$fused --norm-hidden 4096,8192 --copy-bytes= --repeats 3"
+  timeout "$left" bash scripts/latency_ab.sh "$OUT/standing.jsonl" "probe 1K,16K,64K,256K" \
+    "tree main . $all_reduce" "tree main . $fused"
+fi
+tail -30 "$OUT/suite_log.txt"
