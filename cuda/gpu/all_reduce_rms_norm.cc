@@ -29,7 +29,7 @@ ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 // hidden 4096; 0.65-0.90x at 512 KB against the plain kernel's time of
 // another command), 0.88-1.01x at hidden 8192 (16 and 256 KB), and
 // 1.04-1.06x at 1 MB of hidden 4096, where it filled its launch.
-constexpr uint64_t kFusedLLMaxBytes = 512 << 10;
+constexpr uint64_t kFusedLLMaxBytes = 2 << 20;
 
 uint64_t Signature(Algorithm algorithm, int world, uint64_t norm_call) {
   return HashMix(HashMix(norm_call, static_cast<uint64_t>(algorithm)), static_cast<uint64_t>(world));
