@@ -267,22 +267,21 @@ def test_schema_1_table_loads_with_default_norm_curves(tmp_path, monkeypatch):
 
 # What the shipped GPU curves of all_reduce_rms_norm's paths must choose:
 # the fastest path as measured per call at each world size (2, 4 and 8
-# ranks on one H100, 2026-12-05, up to 512 KB; on one H200, 2026-12-04 up
-# to 2 MB and 2026-12-03 beyond; defaults.py): K = 1024 bytes of x per
+# ranks on one H100, 2026-12-05, up to 512 KB; on one H200, 2026-12-05 at
+# 1 MB, 2026-12-04 at 2 MB and 2026-12-03 beyond; defaults.py): K = 1024 bytes of x per
 # rank. The fused two-shot was measured at hidden 4096 and 8192, and its
-# curve takes the slower from 16 KB to 2 MB: at 4 ranks and 1 MB the pair
-# was fastest at hidden 8192 (28.03 us against 35.27) and 2.5% slower
-# than the two-shot at 4096 (29.18 against 28.47); at 8 ranks and 1 MB
-# the pair was fastest at 8192 and tied at 4096; at 8 ranks and 256 KB the
-# pair (20.60 us) and the two-shot (20.68 and 20.92) tied.
+# curve takes the slower from 16 KB to 2 MB; at 8 ranks and 256 KB the
+# pair (20.60 us) and the two-shot (20.68 and 20.92) tied. At 1 MB, one
+# H200 with the LL two-shot up to 2 MB (fllmax): the two-shot fastest at
+# 2, 4 and 8 ranks.
 _MEASURED_BEST = {
-    2: {16: "fused_oneshot", 256: "fused_oneshot", 512: "fused_oneshot", 1024: "fused_oneshot",
+    2: {16: "fused_oneshot", 256: "fused_oneshot", 512: "fused_oneshot", 1024: "fused_twoshot",
         2048: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed", 32768: "composed"},
     4: {16: "fused_oneshot", 128: "fused_oneshot", 256: "fused_oneshot", 512: "fused_twoshot",
-        1024: "composed", 2048: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed",
+        1024: "fused_twoshot", 2048: "fused_twoshot", 4096: "fused_twoshot", 8192: "composed",
         32768: "composed"},
     8: {16: "fused_oneshot", 64: "fused_oneshot", 128: "composed", 256: "composed",
-        512: "fused_twoshot", 1024: "composed", 2048: "fused_twoshot", 4096: "fused_twoshot",
+        512: "fused_twoshot", 1024: "fused_twoshot", 2048: "fused_twoshot", 4096: "fused_twoshot",
         8192: "composed", 32768: "composed"},
 }
 

@@ -23,12 +23,14 @@ constexpr const char* kOp = "all_reduce_rms_norm";
 ffi::Error Invalid(const std::string& text) { return InvalidCall(kOp, text); }
 
 // The largest call (bytes of x per rank) the fused two-shot runs over LL
-// packets. On the H200 under MPS (bfloat16, 2026-12-04, docs/latency_log.md
-// "Latency, twenty-first push") the LL kernel took 0.80-0.82x the plain
-// one's time at 2 ranks and 0.61-0.65x at 4 and 8 (16 and 256 KB of
-// hidden 4096; 0.65-0.90x at 512 KB against the plain kernel's time of
-// another command), 0.88-1.01x at hidden 8192 (16 and 256 KB), and
-// 1.04-1.06x at 1 MB of hidden 4096, where it filled its launch.
+// packets, if it fits one launch of them (with the default workspace up to
+// about 2 MB of hidden 4096 in 16-bit types at 2, 4 and 8 ranks). Since
+// its clusters and its phase 1 of residual_out and inverse RMS (5fcf780),
+// the LL kernel took 0.50-0.80x the plain one's time at 1 MB and
+// 0.69-0.98x at 1.5 MB (hidden 4096 and 8192, 2, 4 and 8 ranks, one H200,
+// 2026-12-05, docs/latency_log.md "Latency, thirty-third push"); the limit
+// was 512 KB when the older LL kernel took 1.04-1.06x the plain one's
+// time at 1 MB ("twenty-first push").
 constexpr uint64_t kFusedLLMaxBytes = 2 << 20;
 
 uint64_t Signature(Algorithm algorithm, int world, uint64_t norm_call) {

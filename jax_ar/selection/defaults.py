@@ -97,33 +97,34 @@ def _gpu_defaults(n: int) -> dict:
 # `benchmarks/per_call_overhead.py`, 300 dependent calls a program, median
 # of 3), since the fused two-shot over LL packets spreads a group row over
 # a cluster and its phase 1 carries residual_out and the rows' inverse RMS
-# (0.34-0.80x its earlier time); from 1 to 2 MB on one H200 with the
-# modules of 7c5595e (2026-12-04, ..._7c5595e_norm_paths.jsonl, the same
-# benchmark); from 4 MB `bench --op rms_norm` with those of 8320dec
+# (0.34-0.80x its earlier time); at 1 MB on one H200 with those modules
+# and the LL two-shot up to 2 MB (fllmax, 2026-12-05,
+# ..._55bfd29_fllmax_auto.jsonl, median of 3); at 2 MB on one H200 with
+# the modules of 7c5595e (2026-12-04, ..._7c5595e_norm_paths.jsonl, the
+# same benchmark); from 4 MB `bench --op rms_norm` with those of 8320dec
 # (docs/results/bench_rms_norm_h200_mps_2026-12-03_8320dec.txt; "fused"
 # there is the two-shot). "composed" is the pair jax_ar.all_reduce +
 # jax_ar.rms_norm. The fused one-shot and the pair are hidden 4096's; the
 # fused two-shot, whose kernel runs rows of more than 4096 16-bit elements
 # differently, the slower of hidden 4096 and 8192 up to 2 MB (the curves
-# know bytes, not the row length). Up to 512 KB it is the LL kernel (calls
-# that fit one launch of it, rows of one or two vectors a thread); from 1
-# MB the plain kernel's, whose times at hidden 8192 were 14.7 / 14.7 /
-# 16.7 us at 512 KB / 1 MB / 2 MB and 2 ranks, 32.1 / 35.3 / 43.5 at 4 and
-# 59.2 / 68.1 / 86.3 at 8, 0.98-1.27x its hidden-4096 times, where the
-# pair's hardly moved (..._5d5e66a_auto_check.jsonl): auto runs the pair at
-# 4 ranks and 1 MB, 28% faster than the two-shot at hidden 8192 and 2.5%
-# slower at 4096. What the points choose:
-#   2 ranks  fused one-shot up to 1 MB (at 512 KB 7.67 us against the
-#            two-shot's 7.86 and 8.36), fused two-shot 2-4 MB, pair from
-#            8 MB;
-#   4 ranks  fused one-shot up to 256 KB, fused two-shot at 512 KB (15.09
-#            us against the pair's 17.71 and the one-shot's 18.50), the
-#            pair at 1 MB (see above), two-shot 2-4 MB, pair from 8 MB;
+# know bytes, not the row length). Up to 1 MB it is the LL kernel (calls
+# that fit one launch of it, rows of one or two vectors a thread); from 2
+# MB the plain kernel's, whose times at hidden 8192 were 0.98-1.27x its
+# hidden-4096 times at 512 KB-2 MB (..._5d5e66a_auto_check.jsonl). What
+# the points choose:
+#   2 ranks  fused one-shot up to 512 KB (7.67 us there against the
+#            two-shot's 7.86 and 8.36), fused two-shot 1-4 MB (at 1 MB
+#            10.09 against the one-shot's 10.81), pair from 8 MB;
+#   4 ranks  fused one-shot up to 256 KB, fused two-shot 512 KB-4 MB (at
+#            1 MB 20.07 against the pair's 25.78), pair from 8 MB;
 #   8 ranks  fused one-shot up to 64 KB, the pair at 128 and 256 KB (at
 #            256 KB 20.60 us against the two-shot's 20.68 and 20.92), the
-#            two-shot at 512 KB (29.18 against 30.63), the pair at 1 MB
-#            (56.17 against the plain two-shot's 56.62 at hidden 4096 and
-#            68.11 at 8192), two-shot 2-4 MB, pair from 8 MB.
+#            two-shot 512 KB-4 MB (at 1 MB 38.52 against the pair's
+#            52.42), pair from 8 MB.
+# Between 1 and 2 MB the curves run straight while the kernels do not:
+# at 1.5 MB (same file) the fused one-shot, the pair and the LL two-shot
+# took 14.09 / 14.55 / 14.99 us at 2 ranks and hidden 4096 (15.77 /
+# 14.61 / 15.11 at 8192), where the curves pick the two-shot.
 # The fused one-shot's time grows with the ranks far faster than the
 # others' (every rank reads every peer's rows as LL packets), which one
 # curve plus 1 us a rank, the tables before 8c6dcc7, missed. Not
@@ -137,18 +138,18 @@ def _gpu_defaults(n: int) -> dict:
 _GPU_NORM_SIZES = (16384, 65536, 131072, 262144, 524288, 1048576, 2097152,
                    4194304, 8388608, 16777216, 33554432)
 _GPU_NORM_US = {
-    2: {"fused_oneshot": (4.92, 5.03, 5.65, 6.16, 7.67, 10.62, 23.25),
-        "fused_twoshot": (6.70, 7.15, 7.30, 7.51, 8.36, 14.72, 16.99,
+    2: {"fused_oneshot": (4.92, 5.03, 5.65, 6.16, 7.67, 10.81, 23.25),
+        "fused_twoshot": (6.70, 7.15, 7.30, 7.51, 8.36, 10.09, 16.99,
                           33.9, 73.2, 132.7, 245.1),
-        "composed": (6.93, 7.34, 7.91, 8.46, 9.68, 11.92, 22.16, 35.6, 57.5, 119.0, 213.7)},
-    4: {"fused_oneshot": (6.59, 7.11, 8.06, 11.96, 18.50, 42.37, 71.44),
-        "fused_twoshot": (10.29, 11.97, 12.38, 13.03, 15.09, 35.27, 43.46,
+        "composed": (6.93, 7.34, 7.91, 8.46, 9.68, 11.85, 22.16, 35.6, 57.5, 119.0, 213.7)},
+    4: {"fused_oneshot": (6.59, 7.11, 8.06, 11.96, 18.50, 41.98, 71.44),
+        "fused_twoshot": (10.29, 11.97, 12.38, 13.03, 15.09, 20.07, 43.46,
                           72.9, 158.7, 282.5, 528.4),
-        "composed": (8.91, 9.94, 11.23, 13.03, 17.71, 29.18, 47.62, 79.1, 138.1, 271.0, 496.9)},
-    8: {"fused_oneshot": (8.66, 13.39, 21.63, 34.80, 88.99, 142.67, 272.60),
-        "fused_twoshot": (15.10, 17.67, 18.99, 20.92, 29.18, 68.11, 86.31,
+        "composed": (8.91, 9.94, 11.23, 13.03, 17.71, 25.78, 47.62, 79.1, 138.1, 271.0, 496.9)},
+    8: {"fused_oneshot": (8.66, 13.39, 21.63, 34.80, 88.99, 142.58, 272.60),
+        "fused_twoshot": (15.10, 17.67, 18.99, 20.92, 29.18, 38.52, 86.31,
                           144.2, 2 * 158.7, 2 * 282.5, 2 * 528.4),
-        "composed": (11.65, 16.41, 17.51, 20.60, 30.63, 56.17, 100.24,
+        "composed": (11.65, 16.41, 17.51, 20.60, 30.63, 52.42, 100.24,
                      159.6, 2 * 138.1, 2 * 271.0, 2 * 496.9)},
 }
 

@@ -280,12 +280,15 @@ def suite_fused(mesh):
                  ("float16", "float32", 40, 2048, 4, False, True),
                  ("bfloat16", "float32", 6, 8192, 3, True, True),
                  ("float32", "float32", 8, 1024, 2, True, False),
-                 ("bfloat16", "bfloat16", 12, 16384, 2, True, True)]
+                 ("bfloat16", "bfloat16", 12, 16384, 2, True, True),
+                 ("bfloat16", "bfloat16", 160, 4096, 1, False, False)]
         # On the default workspace the two-shot runs over LL packets in
-        # the cases of up to 512 KB of x per rank with rows of one or two
+        # the cases of up to 2 MB of x per rank with rows of one or two
         # vectors a thread (hidden up to 8192 in 16-bit types, 4096 in
         # float32), over plain data and flags in the others (hidden 16384,
-        # float32 8192): both kernels, at every world size.
+        # float32 8192): both kernels, at every world size. The 160 rows
+        # of hidden 4096 (1.25 MB) are more group rows than the block cap
+        # has clusters for: one 512-thread block a row, rows in turns.
         if workspace is not None:
             # Several launches per call (groups straddle them; the two-shot
             # runs its plain kernel in every case here); with
