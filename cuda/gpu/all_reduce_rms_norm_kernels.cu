@@ -114,13 +114,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : 1];
   // The other blocks' stores into this block's slots wait for this
   // (ClusterWait below).
-  if constexpr (kCluster) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < kRowSumSlots; ++s) ReadyRowSumSlot(scratch[s], a.threads_per_row / 32);
-      FenceRowSumSlotsReady();
-    }
-    ClusterArriveRelaxed();
-  }
+  if constexpr (kCluster) ReadyClusterRowSums(scratch, kRowSumSlots, a.threads_per_row / 32);
   const int tpr = a.threads_per_row;
   const int lane = RowLane<kCluster>(a);
   const int rows_at_once = kCluster ? 1 : blockDim.x / tpr;
@@ -357,13 +351,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
   using RL = ResidualLanes<D, R>;
   constexpr int kLanes = Vec<D>::kLanes;
   __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : 1];
-  if constexpr (kCluster) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < kRowSumSlots; ++s) ReadyRowSumSlot(scratch[s], a.threads_per_row / 32);
-      FenceRowSumSlotsReady();
-    }
-    ClusterArriveRelaxed();
-  }
+  if constexpr (kCluster) ReadyClusterRowSums(scratch, kRowSumSlots, a.threads_per_row / 32);
   // As in the one-shot: a launch that may not run fills its outputs, and
   // in clusters its blocks still take part in the row sums, touching no
   // workspace.

@@ -193,6 +193,19 @@ __device__ __forceinline__ void FenceRowSumSlotsReady() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
+/// Every block of a launch whose rows span clusters, first thing: thread 0
+/// readies the block's `count` slots for rows of `warps` warps, and the
+/// block arrives at the cluster barrier whose wait (ClusterWait) comes
+/// before its first store into another block's slots.
+__device__ __forceinline__ void ReadyClusterRowSums(ClusterRowSumSlot* slots, int count,
+                                                    int warps) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < count; ++s) ReadyRowSumSlot(slots[s], warps);
+    FenceRowSumSlotsReady();
+  }
+  ClusterArriveRelaxed();
+}
+
 /// RowSum of a row whose threads span the blocks of a cluster (block r of
 /// the cluster holds the row's threads r * blockDim.x ...): lane q of every
 /// warp stores the warp's sum into block q's `slot` at the warp's place in
