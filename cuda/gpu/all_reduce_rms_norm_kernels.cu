@@ -484,12 +484,9 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
 #pragma unroll
           for (int q = 0; q < RL::kWords; ++q) stored[q] = words[q].Data(r);
           RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, stored);
-          const int group = a.groups > 1 ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
-                                                            static_cast<uint32_t>(a.rows_per_group))
-                                         : 0;
           float v[kLanes], gamma[kLanes], y[kLanes];
           RL::Unpack(stored, v);
-          LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, gamma);
+          LoadFloatLanes<kLanes>(GroupRow(a.gamma, RowGroup(a, row, true), hidden), i, gamma);
           NormalizeLanes<kLanes>(v, __uint_as_float(inverse.Data(r).x), gamma, y);
           StoreOut<D>(a, scale, y, RowOf(a.out, row, out_row_bytes) + out_bytes * i);
         }

@@ -194,6 +194,17 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
   return served ? inv : InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);
 }
 
+// Row `row`'s group (of the launch; `active`: a row of the call): its row
+// of gamma, post_gamma and bias. One group unless vmap stacked several,
+// and then no division (the kernels run at their register limit: a 32-bit
+// division, kept out of the common path; a call's rows fit 32 bits, the
+// handler checks).
+__device__ __forceinline__ int RowGroup(const RmsNormLaunchArgs& a, int64_t row, bool active) {
+  return a.groups > 1 && active ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
+                                                   static_cast<uint32_t>(a.rows_per_group))
+                                : 0;
+}
+
 // y = (v * inv_rms) * gamma, lane by lane in float32: the norm's last step,
 // which the LL two-shot's readers repeat from residual_out and the owner's
 // inverse RMS, bit for bit.
@@ -227,15 +238,7 @@ __device__ __forceinline__ float NormalizeReducedRow(const RmsNormLaunchArgs& a,
   const int tpr = a.threads_per_row;
   const int lane = RowLane<kCluster>(a);
   const int hidden = a.row_vectors * kLanes;
-  // This row's group: its row of gamma, post_gamma and bias. One group
-  // unless vmap stacked several, and then no division (the kernel runs at
-  // its register limit: a 32-bit division, kept out of the common path; a
-  // call's rows fit 32 bits, the handler checks).
-  const int group =
-      a.groups > 1 && active
-          ? static_cast<int>(static_cast<uint32_t>(a.first_row + row) /
-                             static_cast<uint32_t>(a.rows_per_group))
-          : 0;
+  const int group = RowGroup(a, row, active);
   // The first kEarlyVectors vectors' residual and gamma words are read
   // before the first reduce, so that their latency hides behind the
   // exchange (one-shot) or the peers' loads (two-shot); the others' when
@@ -342,7 +345,6 @@ __device__ __forceinline__ float NormalizeReducedRow(const RmsNormLaunchArgs& a,
     } else {
       LoadFloatLanes<kLanes>(GroupRow(a.gamma, group, hidden), i, g);
     }
-#pragma unroll
     NormalizeLanes<kLanes>(v, inv_rms, g, y);
     emit_out(i, y);
   }
