@@ -6,7 +6,10 @@ run, in order, and the ratio of their median. A case whose result was
 wrong (per_call_overhead.py checks one call) shows "wrong". The fused
 cases (`all_reduce_rms_norm`, one row a hidden size) also get a second
 table: how far each run lies above the one-shot all_reduce of the same
-bytes in the same run of its tree (issue 23's "at most 1.0 us above").
+bytes in the same run of its tree (issue 23's "at most 1.0 us above"):
+the one-shot line of that tree, ranks and bytes that the file holds last
+before the fused line, as a job times the one-shot before its fused
+cases (an earlier job of the tree may time the one-shot alone).
 
     python benchmarks/latency_table.py docs/results/latency_....jsonl [--bytes 16384]
 """
@@ -64,18 +67,18 @@ def per_call_cells(name, per, floor, columns):
     return cells
 
 
-def above_one_shot_cells(per, one_shot, columns):
-    """Run i of a fused case against run i of its tree's one-shot: a tree's
-    jobs each time both cases, in the order the file holds them."""
+def above_one_shot_cells(above, columns):
+    """above: (ranks, bytes) -> each run's fused us minus its one-shot us
+    (None where either was wrong)."""
     cells = []
     for key in columns:
-        runs, bases = per.get(key), one_shot.get(key)
-        if not runs or not bases or len(runs) != len(bases):
+        runs = above.get(key)
+        if not runs:
             cells.append("")
-        elif None in runs or None in bases:
+        elif None in runs:
             cells.append("wrong")
         else:
-            cells.append(", ".join(f"{us - base:+.2f}" for us, base in zip(runs, bases)))
+            cells.append(", ".join(f"{us:+.2f}" for us in runs))
     return cells
 
 
@@ -88,26 +91,32 @@ def main():
     rows = load(args.jsonl)
     wanted = None if args.bytes is None else {int(b) for b in args.bytes.split(",")}
     figures = defaultdict(lambda: defaultdict(list))  # label -> (ranks, bytes) -> us of each run
-    one_shot_of = {}  # a fused case's label -> its tree's one-shot all_reduce
+    above = defaultdict(lambda: defaultdict(list))  # fused label -> (ranks, bytes) -> us above
+    last_one_shot = {}  # (tree's one-shot label, ranks, bytes) -> its last us in the file
     for row in rows:
         if wanted is not None and row["bytes_per_rank"] not in wanted:
             continue
+        key = (row["ranks"], row["bytes_per_rank"])
         us = None if row.get("result") == "wrong" else row["us_per_call"]
-        figures[label(row)][(row["ranks"], row["bytes_per_rank"])].append(us)
-        if "norm_hidden" in row:
-            one_shot_of[label(row)] = label(row, ONE_SHOT)
+        figures[label(row)][key].append(us)
+        if row["case"] == ONE_SHOT:
+            last_one_shot[(label(row), *key)] = us
+        elif "norm_hidden" in row:
+            runs = above[label(row)][key]  # its cell stays empty without a one-shot before it
+            one_shot = (label(row, ONE_SHOT), *key)
+            if one_shot in last_one_shot:
+                base = last_one_shot[one_shot]
+                runs.append(None if None in (us, base) else us - base)
     columns = sorted({key for per in figures.values() for key in per})
     floor = figures.get(PROBE, {})
     names = sorted(figures, key=lambda k: (k != PROBE, k))
     print_table("us per call (x LL floor)", columns,
                 [(name, per_call_cells(name, figures[name], floor, columns)) for name in names])
-    fused = [name for name in names if name in one_shot_of]
+    fused = [name for name in names if name in above]
     if fused:
         print()
         print_table("us above the one-shot all_reduce of the same bytes, run by run", columns,
-                    [(name, above_one_shot_cells(figures[name],
-                                                 figures.get(one_shot_of[name], {}), columns))
-                     for name in fused])
+                    [(name, above_one_shot_cells(above[name], columns)) for name in fused])
 
 
 if __name__ == "__main__":
