@@ -5,7 +5,7 @@
 # (scripts/latency_ab.sh, into $OUT/standing.jsonl). Carry the three
 # module files scripts/build_for_gpu.sh writes and ./probes (a copy of
 # ../shared/probes). The suite took 499 s on an H100 on 2026-12-06
-# (320-378 s before fllmax's 1.25 MB case) and the standing about 100 s,
+# (320-378 s on 2026-12-05's H100s) and the standing about 100 s,
 # so the standing may not finish within one 600 s command: its fused part
 # runs last, and a standing cut short still leaves its finished lines in
 # $OUT.
