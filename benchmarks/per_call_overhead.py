@@ -35,9 +35,13 @@ ranks' host-side starts, which several launches in a row amortize.
               round trip; and the kernels alone (oneshot, twoshot_ll,
               twoshot_plain) without the Python-side choices
 
-The FFI handlers' invocation count is read before and after the timed runs:
-0 under command buffers means the calls cost no host work (the CUDA graph
-replays the kernels). Before a case is timed, one call's result is
+The all-reduce FFI handler's invocation count (the only handler the CUDA
+module counts: `jax_ar_all_reduce`, so the fused, stage and copy cases
+show 0 whatever their handlers do) is read before and after the timed
+runs: for an all_reduce case, 0 or one program's calls under command
+buffers means the calls cost no host work per launch (the CUDA graph
+replays the kernels; XLA records it again only when a program's buffers
+move). Before a case is timed, one call's result is
 compared with numpy's (every case but the copy and the protocol-only
 stages, whose results are not sums): a variant that is fast because it is
 wrong says so in the JSON (`"result": "wrong"`) and the table. Rank 0
@@ -287,7 +291,7 @@ def main():
             hidden = f" h{r['norm_hidden']}" if "norm_hidden" in r else ""
             print(f"per call: {r['case'] + hidden:>22} {r['bytes_per_rank']:>9} B  "
                   f"{r['us_per_call']:8.2f} us"
-                  f"  ({r['one_launch_us_per_call']:.2f}; handler runs while timed: "
+                  f"  ({r['one_launch_us_per_call']:.2f}; all-reduce handler runs while timed: "
                   f"{r['handler_calls_during_timed_runs']})"
                   f"{'  RESULT WRONG' if r['result'] == 'wrong' else ''}", flush=True)
 
