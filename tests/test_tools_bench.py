@@ -67,6 +67,72 @@ def test_chained_data_are_exact_in_any_reduction_order(dtype_name):
             assert worst == 999, (dtype_name, world, op)
 
 
+def _with_mistakes(want, rng):
+    """want with a few elements changed the ways a kernel could get them
+    wrong: one bit off, a sign, NaN, and values just inside and outside
+    rms_norm_wrong's tolerance."""
+    got = want.copy().reshape(-1)
+    wide = got.astype(np.float64)
+    picks = rng.choice(got.size, 6, replace=False)
+    rounding = {2: 2.0**-7, 4: 2.0**-20}.get(got.dtype.itemsize, 0.0)
+    unsigned = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
+    bits = got.view(unsigned)
+    bits[picks[0]] ^= 1
+    got[picks[1]] = -got[picks[1]]
+    if got.dtype.kind == "f" or got.dtype == data.DTYPES["bfloat16"]:
+        got[picks[2]] = np.nan
+        for pick, share in ((picks[3], 0.5), (picks[4], 3.0)):
+            got[pick] = wide[pick] + share * 8 * rounding * (abs(wide[pick]) + 1.0)
+    return got.reshape(want.shape)
+
+
+@pytest.mark.parametrize("dtype_name", list(data.DTYPES))
+def test_the_device_counts_wrong_elements_as_the_host_does(dtype_name):
+    """wrong_count (the timed program's check) against bench_data's host
+    rules, on results with mistakes a kernel could make."""
+    import jax.numpy as jnp
+    from jax_ar.tools import wrong_count
+
+    rng = np.random.default_rng(5)
+    dtype = data.DTYPES[dtype_name]
+    want = data.reference("sum", dtype_name, 4096, 2, 1, seed=1).reshape(8, 512)
+    got = _with_mistakes(want, rng)
+    host = data.count_wrong(got, want)
+    assert host >= 2
+    assert int(wrong_count.bits_differ(jnp.asarray(got), jnp.asarray(want))) == host
+    assert int(wrong_count.bits_differ(jnp.asarray(want), jnp.asarray(want))) == 0
+    assert int(wrong_count.bits_differ(jnp.asarray(got[:4]), jnp.asarray(want))) == want.size
+    if dtype_name in ("bfloat16", "float32"):  # the fused kernel's dtypes
+        host = data.rms_norm_wrong(got, want)
+        assert host >= 3  # the sign, NaN and the value beyond the tolerance at least
+        assert int(wrong_count.off_tolerance(jnp.asarray(got), jnp.asarray(want))) == host
+
+
+def test_the_timed_program_returns_only_each_rank_s_count_of_wrong_elements():
+    """chained_to_count: the chain's results stay inside the program (its
+    only output is an int32 a rank) and a wrong element is counted."""
+    import jax
+    import jax.numpy as jnp
+    from jax_ar.tools import timing, wrong_count
+
+    mesh = jax.make_mesh((1,), ("tp",), devices=jax.devices()[:1])
+    step = lambda a: (jax.lax.psum(a, "tp") + 1.0,)  # noqa: E731  (invariant, as a collective's)
+    count = lambda results, wants: wrong_count.bits_differ(results[0], wants[0])  # noqa: E731
+    program = timing.chained_to_count(step, mesh, "tp", 5, count)
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("tp"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    x = jax.device_put(jnp.arange(64, dtype=jnp.float32), sharded)
+    right = np.arange(64, dtype=np.float32) + 5
+    off = right.copy()
+    off[7] += 1
+    right, off = jax.device_put(right, replicated), jax.device_put(off, replicated)
+    assert program(x, right).tolist() == [0]
+    out = program(x, off)
+    assert out.dtype == jnp.int32 and out.tolist() == [1]
+    compiled = program.lower(x, right).compile().as_text()
+    assert re.search(r"ENTRY[^\n]*->\s*s32\[1\]", compiled), compiled[-2000:]
+
+
 def run_cli(*args, timeout=300):
     env = dict(os.environ, JAX_AR_TIMEOUT_S="60")
     return subprocess.run([sys.executable, "-m", "jax_ar", *args], capture_output=True,

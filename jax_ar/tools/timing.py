@@ -31,25 +31,56 @@ from jax.sharding import PartitionSpec as P
 
 from .. import _compat
 
-__all__ = ["calibrate", "chained", "count_collectives", "device_time_per_call", "gather",
-           "launches_for", "measure", "typical_spread"]
+__all__ = ["calibrate", "chained", "chained_to_count", "count_collectives",
+           "device_time_per_call", "gather", "launches_for", "measure", "typical_spread"]
+
+
+def _run_chain(step, axis: str, chain: int, args):
+    """`chain` calls of step(*args) -> args', each call's (invariant)
+    results marked varying again and fed to the next one."""
+    for k in range(chain):
+        if k:
+            args = (_compat.pcast_to_varying(args[0], (axis,)),) + tuple(args[1:])
+        args = step(*args)
+    return args
 
 
 def chained(step, mesh, axis: str, chain: int, n_args: int = 1):
-    """jit(shard_map) of `chain` calls of step(*args) -> args', each call's
-    (invariant) results marked varying again and fed to the next one.
-    Inputs are sharded over `axis` except where step needs them replicated:
-    every argument after the first is replicated (residual, gamma)."""
-    def body(*args):
-        for k in range(chain):
-            if k:
-                args = (_compat.pcast_to_varying(args[0], (axis,)),) + tuple(args[1:])
-            args = step(*args)
-        return args
-
+    """jit(shard_map) of `chain` calls of step(*args) -> args' (_run_chain),
+    returning the last call's results. Inputs are sharded over `axis`
+    except where step needs them replicated: every argument after the first
+    is replicated (residual, gamma)."""
     in_specs = (P(axis),) + (P(),) * (n_args - 1)
     out_specs = (P(),) * n_args
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+    return jax.jit(jax.shard_map(lambda *args: _run_chain(step, axis, chain, args), mesh=mesh,
+                                 in_specs=in_specs, out_specs=out_specs))
+
+
+def chained_to_count(step, mesh, axis: str, chain: int, count_wrong, n_args: int = 1,
+                     n_wants: int = 1):
+    """`chained`'s chain whose only output is each rank's count of wrong
+    elements: program(*args, *wants) -> int32 [world] sharded over `axis`;
+    count_wrong(results, wants) -> int32 scalar; the `n_wants` wants
+    (host references of the results) are replicated.
+
+    Why not the results themselves: XLA places the chain's values in the
+    program's output buffers where their sizes match (every other call's,
+    in a chain of two results), and those buffers move at every launch.
+    XLA then records the launch's command buffer again, tracing each FFI
+    call whose buffers moved through its handler (cached by address, 16
+    traces a call), and bench's launches ran host-bound: all_reduce_rms_norm
+    at 16 KB and 2 ranks took 10.6 us a call in bench against 5.4 with the
+    count alone, whose values stay in the temporary buffer, as a model's
+    layers' do (one H100 under MPS, 2026-12-06, docs/latency_log.md
+    "thirty-seventh push")."""
+    def body(*inputs):
+        results = _run_chain(step, axis, chain, inputs[:n_args])
+        # Each rank's own count: varying over the axis, one element a rank.
+        count = count_wrong(results, inputs[n_args:]) + 0 * jax.lax.axis_index(axis)
+        return count.reshape(1)
+
+    in_specs = (P(axis),) + (P(),) * (n_args - 1) + (P(),) * n_wants
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(axis)))
 
 
 _CUSTOM_CALL = re.compile(r'custom_call_target="jax_ar_')
