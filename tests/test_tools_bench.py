@@ -335,13 +335,17 @@ def test_tune_below_one_norm_row_says_so_instead_of_an_empty_table(tmp_path):
 def test_bench_plans_ranks_sharing_a_gpu(monkeypatch, capsys):
     """What the GPU machine's run gets (2 ranks on 1 GPU): psum is reported
     as unavailable, not attempted; a missing MPS daemon is warned about."""
-    from jax_ar.tools import bench, sweep as _sweep
+    from jax_ar.tools import bench, sweep as _sweep, timing
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent")
     ns = bench.build_parser().parse_args(["-N", "2", "-e", "64M", "--xla-oneshot"])
     config = bench.plan(ns, "gpu", 1)
     assert "CUDA MPS" in capsys.readouterr().err
-    assert config["ranks"] == 2 and config["iters"] == 20
+    assert config["ranks"] == 2 and config["iters"] == 300 and config["min_sample_s"] == 0.02
+    # The default chain moves at most 4 GB a rank: 300 calls of 1 MB, 64 of 64 MB, 20 of 256 MB.
+    assert [timing.calls_for(config, b << 20) for b in (1, 64, 256)] == [300, 64, 20]
+    explicit = bench.plan(bench.build_parser().parse_args(["-N", "2", "-n", "50"]), "gpu", 1)
+    assert [timing.calls_for(explicit, b << 20) for b in (1, 256)] == [50, 50]
     assert config["unavailable"]["psum"] == config["unavailable"]["xla_oneshot"]
     assert "NCCL" in config["unavailable"]["psum"]
     sizes = sorted({c["bytes"] for c in config["cases"]})
@@ -399,6 +403,10 @@ def test_star_marks_what_auto_runs_never_an_unavailable_row():
     assert "oneshot*" not in text, text
     doc["selection"]["picks"]["1024"] = "psum"
     assert "psum*" in bench.format_table(doc)
+    assert "# method: 10 calls chained per program (fewer where exact data" in text
+    doc["method"].update(iters=300, chain_bytes=4 << 30, chain_least=20)
+    assert ("# method: 300 calls chained per program (fewer where they would move more than "
+            "4GB a rank, at least 20, and where exact data") in bench.format_table(doc)
 
 
 def _doc(results, picks, samples=(5.0, 5.0, 5.0)):

@@ -210,6 +210,14 @@ def describe_machine(machine: dict, ranks: int, gpus: int) -> str:
             f"workspace {sweep.format_size(machine['workspace_bytes'])}B")
 
 
+def _shorter(method: dict) -> str:
+    """Where the default chain is shorter: large messages (sweep.GPU_CHAIN_BYTES)."""
+    if not method.get("chain_bytes"):
+        return ""
+    return (f"where they would move more than {sweep.format_size(method['chain_bytes'])}B a rank, "
+            f"at least {method['chain_least']}, and ")
+
+
 def format_table(doc: dict) -> str:
     machine, results, method = doc["machine"], doc["results"], doc["method"]
     marked = auto_rows(doc)
@@ -218,8 +226,8 @@ def format_table(doc: dict) -> str:
     lines = [
         f"# jax_ar bench {doc['date']}",
         f"# machine: {describe_machine(machine, doc['ranks'], doc['gpus'])}",
-        f"# method: {method['iters']} calls chained per program (fewer where exact data "
-        f"need it: 'chain' in the JSON), >= {method['launches']} launches and >= "
+        f"# method: {method['iters']} calls chained per program (fewer {_shorter(method)}where "
+        f"exact data need it: 'chain' in the JSON), >= {method['launches']} launches and >= "
         f"{method['min_sample_s'] * 1e3:g} ms per sample, median of {method['repeats']} samples "
         f"after {method['warmup']} warm-up launches; time = slowest rank's median",
         f"# busbw = algbw * 2(n-1)/n; vs_psum = psum time / time; * = what algorithm='auto' "
@@ -344,7 +352,8 @@ def _bench_doc(raw: dict, config: dict, ranks: int, gpus: int, argv) -> dict:
         "ranks": ranks,
         "gpus": gpus,
         "machine": machine,
-        "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
+        "method": {k: config[k] for k in ("iters", "chain_bytes", "chain_least", "launches",
+                                           "min_sample_s", "repeats",
                                            "warmup")},
         "selection": raw["selection"],  # what algorithm="auto" picks at each size
         "elapsed_s": raw["elapsed_s"],

@@ -42,8 +42,8 @@ import jax_ar  # noqa: E402
 from jax_ar import config as ar_config, selection  # noqa: E402
 from jax_ar.tools import bench_data as data, wrong_count  # noqa: E402
 from jax_ar.tools.baselines import lax_reduce, xla_rms_norm  # noqa: E402
-from jax_ar.tools.timing import (calibrate, chained_to_count, count_collectives,  # noqa: E402
-                                 gather, launches_for, measure)
+from jax_ar.tools.timing import (calibrate, calls_for, chained_to_count,  # noqa: E402
+                                 count_collectives, gather, launches_for, measure)
 
 
 AXIS = "tp"
@@ -241,7 +241,8 @@ class Runner:
         cfg, dtype_name, count = self.config, case["dtype"], case["count"]
         checked = cfg.get("check", True)
         if case["op"] == "rms_norm":
-            tokens, hidden, chain = case["tokens"], case["hidden"], cfg["iters"]
+            tokens, hidden = case["tokens"], case["hidden"]
+            chain = calls_for(cfg, case["bytes"])
             step = self._rms_norm_step(case["algorithm"], cfg["eps"])
             inputs = [data.rms_norm_inputs(dtype_name, tokens, hidden, r, self.world, cfg["seed"])
                       for r in range(self.world)]
@@ -261,7 +262,7 @@ class Runner:
                                        n_wants=2)
             return program, args, chain, _rank_count
         op = case["op"]
-        chain = data.chain_length(op, dtype_name, self.world, cfg["iters"])
+        chain = data.chain_length(op, dtype_name, self.world, calls_for(cfg, case["bytes"]))
         step = self._all_reduce_step(case["algorithm"], op)
         x = _global_input(self.mesh, (count,), lambda r: data.rank_values(
             dtype_name, count, r, self.world, cfg["seed"]))

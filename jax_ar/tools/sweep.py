@@ -26,11 +26,21 @@ RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_ra
 
 
 # Timing defaults per platform. On CPU a sample must last long enough that
-# the OS scheduler's noise averages out; on GPU the device is quiet.
+# the OS scheduler's noise averages out. On GPU a launch of a program costs
+# XLA 60-130 us of host time: 300 calls a program keep small calls
+# device-bound (at 20, bench timed the host: all_reduce at 16 KB, 2 ranks,
+# 6.4 us a call against 4.8 at 300), and samples of 20 ms spread 4% where
+# samples of 2 ms spread 24% (one H100 under MPS, 2026-12-06,
+# docs/latency_log.md "thirty-seventh push").
 TIMING_DEFAULTS = {
     "cpu": {"iters": 10, "launches": 2, "repeats": 5, "warmup": 1, "min_sample_ms": 10.0},
-    "gpu": {"iters": 20, "launches": 4, "repeats": 10, "warmup": 2, "min_sample_ms": 2.0},
+    "gpu": {"iters": 300, "launches": 4, "repeats": 10, "warmup": 2, "min_sample_ms": 20.0},
 }
+# Unless -n is given, a GPU program moves at most this many bytes a rank in
+# its calls (at least DEFAULT_LEAST_CALLS calls): 300 calls up to 13 MB, 20
+# at 256 MB, where a launch of 300 would last seconds.
+GPU_CHAIN_BYTES = 4 << 30
+DEFAULT_LEAST_CALLS = 20
 # The least value of each timing option: a sample needs a call, a launch and
 # a repeat; warm-up and a least sample time may be none.
 TIMING_LEAST = {"iters": 1, "launches": 1, "repeats": 1, "warmup": 0, "min_sample_ms": 0}
@@ -79,14 +89,15 @@ def add_common_options(p, max_bytes_help: str) -> None:
                    help="multiply the size by this from one message to the next (default 2)")
     p.add_argument("-n", "--iters", type=int, default=None,
                    help="timed calls in a row, as nccl-tests' -n: calls chained in one timed "
-                        "program (default 20 on GPU, 10 on CPU)")
+                        "program (default on GPU 300, fewer from 16 MB so that a program "
+                        "moves at most 4 GB a rank, at least 20; 10 on CPU)")
     p.add_argument("-w", "--warmup", type=int, default=None,
                    help="untimed warm-up launches before the samples, as nccl-tests' -w "
                         "(default 2 on GPU, 1 on CPU)")
     p.add_argument("--launches", type=int, default=None,
                    help="least program launches per timing sample (default 4 on GPU, 2 on CPU)")
     p.add_argument("--min-sample-ms", type=float, default=None,
-                   help="more launches per sample until one lasts this long (default 2 on "
+                   help="more launches per sample until one lasts this long (default 20 on "
                         "GPU, 10 on CPU)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timing samples; the median is reported (default 10 on GPU, 5 on CPU)")
@@ -115,6 +126,10 @@ def common_config(ns, platform: str) -> dict:
                              f"got {value:g}")
         config[name] = default if value is None else value
     config["min_sample_s"] = config.pop("min_sample_ms") / 1e3
+    # timing.calls_for reads them: the default chain of a large message is shorter.
+    capped = platform == "gpu" and ns.iters is None
+    config["chain_bytes"] = GPU_CHAIN_BYTES if capped else None
+    config["chain_least"] = DEFAULT_LEAST_CALLS if capped else None
     workspace = ns.workspace_bytes
     if workspace is not None and not MIN_WORKSPACE_BYTES <= workspace <= MAX_WORKSPACE_BYTES:
         # jax_ar.setup's limits: every rank would raise at setup.

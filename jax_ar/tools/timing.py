@@ -31,8 +31,18 @@ from jax.sharding import PartitionSpec as P
 
 from .. import _compat
 
-__all__ = ["calibrate", "chained", "chained_to_count", "count_collectives",
+__all__ = ["calibrate", "calls_for", "chained", "chained_to_count", "count_collectives",
            "device_time_per_call", "gather", "launches_for", "measure", "typical_spread"]
+
+
+def calls_for(config: dict, nbytes: int) -> int:
+    """Calls to chain for a message of `nbytes` a rank: config["iters"],
+    or, where config["chain_bytes"] caps a default chain (sweep.py), as
+    many as move that many bytes, at least config["chain_least"]."""
+    cap = config.get("chain_bytes")
+    if not cap:
+        return config["iters"]
+    return min(config["iters"], max(config["chain_least"], cap // max(nbytes, 1)))
 
 
 def _run_chain(step, axis: str, chain: int, args):

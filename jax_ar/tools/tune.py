@@ -278,8 +278,8 @@ def main(argv=None) -> int:
         print(f"jax_ar tune: JAX_AR_ALGO={override} is ignored: tune times each algorithm "
               "itself, and the pair with the shipped table's picks", file=sys.stderr, flush=True)
     info = {"command": "python -m jax_ar tune " + " ".join(shlex.quote(a) for a in (argv or [])),
-            "method": {k: config[k] for k in ("iters", "launches", "min_sample_s", "repeats",
-                                               "warmup")}}
+            "method": {k: config[k] for k in ("iters", "chain_bytes", "chain_least", "launches",
+                                               "min_sample_s", "repeats", "warmup")}}
     try:
         raw = sweep.run_sweep(config, ranks, platform, ns.timeout, progress_label="tune",
                               env=RANK_ENV)
