@@ -12,7 +12,10 @@ that several trees timed in one device session land in one file
 (scripts/latency_ab.sh).
 
 Every case is a jitted program of K dependent calls, each on the last one's
-result (y <- f(y)), compiled and warmed up. A sample launches it L times
+result (y <- f(y)), compiled and warmed up, that returns one element of the
+last result a rank (`--output element`; `--output results`, the method
+before 2026-12-06, returns the whole result, and XLA then records the
+program again at launches: benchmarks/output_buffers.py). A sample launches it L times
 back to back (`--launches`) and blocks once (jax_ar.tools.timing.measure):
 per call = wall time / (L * K), the median of `--repeats` samples. One
 launch alone (the method of the figures before 2026-12-01,
@@ -67,11 +70,17 @@ from jax_ar.tools import sweep, timing
 from jax_ar.tools.breakdown import KERNEL_STAGES, STAGES, protocol_probe
 
 
-def chain(step, calls):
+def chain(step, calls, output):
     def body(y):
         for _ in range(calls):
             y = step(y)
-        return y
+        # "element": one element a rank leaves the program, so XLA keeps the
+        # chain's values in its temporary buffer, as a model's layers' are;
+        # "results": the last result, whose output buffer (new at every
+        # launch) XLA shares with half the chain's values, so that it records
+        # the program's command buffer again at launches
+        # (benchmarks/output_buffers.py).
+        return y[:1] if output == "element" else y
     return body
 
 
@@ -185,6 +194,9 @@ def main():
     parser.add_argument("--norm-hidden", default="4096",
                         help="comma-separated row lengths of the all_reduce_rms_norm cases "
                              "(default 4096)")
+    parser.add_argument("--output", choices=("element", "results"), default="element",
+                        help="what the timed program returns: one element a rank (default, "
+                             "since 2026-12-06) or the last call's results (the method before)")
     parser.add_argument("--variant", default="main", help="name of this tree or setting in the JSON")
     parser.add_argument("--json", default=None, help="also append the JSON lines to this file")
     parser.add_argument("--dump-hlo", default=None,
@@ -242,7 +254,7 @@ def main():
         norm = name.startswith("all_reduce_rms_norm")
         result = check_result(wrap(step), x, expected_result(name, data, n, hidden),
                               rtol=2.0 ** -7 if norm else 0.0)
-        program = wrap(chain(step, args.calls))
+        program = wrap(chain(step, args.calls, args.output))
         if args.dump_hlo and me == 0:
             os.makedirs(args.dump_hlo, exist_ok=True)
             name_of = f"{name.replace(' ', '_')}_{nbytes}.txt"
@@ -266,6 +278,7 @@ def main():
             **({"norm_hidden": hidden} if hidden else {}),
             "dtype": "bfloat16",
             "calls_per_program": args.calls,
+            "output": args.output,
             "launches_per_sample": args.launches,
             "repeats": args.repeats,
             "us_per_call": per_call_us,
