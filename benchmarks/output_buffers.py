@@ -118,8 +118,9 @@ def main():
                     kept = out  # noqa: F841  (bench keeps the last output for its check)
             print(f"@@case {name} {pattern} end", file=sys.stderr, flush=True)
             if me == 0:
-                print(f"output_buffers: {name:>18} {pattern:>6}: {statistics.median(per_call):6.2f} "
-                      f"us a call, host {statistics.median(host):5.2f} us a call "
+                print(f"output_buffers: {name:>18} {pattern:>6}: "
+                      f"{statistics.median(per_call):6.2f} us a call, "
+                      f"host {statistics.median(host):5.2f} us a call "
                       f"(samples {[round(v, 2) for v in per_call]})", flush=True)
     comm.check()
     comm.close()

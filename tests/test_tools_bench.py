@@ -20,6 +20,9 @@ from jax_ar import __version__ as VERSION
 pytestmark = runs_on("cpu", "gpu")
 
 PLATFORM = ["--platform", "gpu" if ON_GPU else "cpu"]
+# The tests below check behaviour, not timing: on GPU they keep the
+# programs as short as before the default of 300 calls (compile time).
+SHORT = ["-n", "20"] if ON_GPU else []
 
 
 def _reduce(parts, op, dtype, order, in_dtype):
@@ -141,7 +144,7 @@ def run_cli(*args, timeout=300):
 
 def test_bench_short_sweep(tmp_path):
     out = tmp_path / "out"
-    proc = run_cli("bench", *PLATFORM, "-N", "2", "-b", "1K", "-e", "2K",
+    proc = run_cli("bench", *PLATFORM, *SHORT, "-N", "2", "-b", "1K", "-e", "2K",
                    "-d", "float32,bfloat16", "-o", "sum,max", "--repeats", "3",
                    "--min-sample-ms", "2", "--out-dir", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -182,9 +185,9 @@ def test_bench_rms_norm_mode(tmp_path, capsys):
         assert info.value.code == 2
         assert "needs jax_ar.all_reduce_rms_norm" in capsys.readouterr().err
         return
-    proc = run_cli("bench", *PLATFORM, "-N", "2", "--op", "rms_norm", "-b", "8K", "-e", "16K",
-                   "--hidden", "1024", "-d", "bfloat16", "--repeats", "3", "--min-sample-ms",
-                   "2", "--out-dir", str(tmp_path))
+    proc = run_cli("bench", *PLATFORM, *SHORT, "-N", "2", "--op", "rms_norm", "-b", "8K",
+                   "-e", "16K", "--hidden", "1024", "-d", "bfloat16", "--repeats", "3",
+                   "--min-sample-ms", "2", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "bench.json").read_text())
     results = doc["results"]
@@ -210,9 +213,10 @@ def test_bench_rms_norm_rows_say_what_ran_below_the_fused_kernel_s_hidden_sizes(
     from jax_ar import _native
 
     hidden = _native.limits("gpu" if ON_GPU else "cpu")["fused_min_hidden"] // 2
-    proc = run_cli("bench", *PLATFORM, "-N", "2", "--op", "rms_norm", "-b", "1K", "-e", "1K",
-                   "--hidden", str(hidden), "-a", "fused,all_reduce+rms_norm", "--repeats", "2",
-                   "--min-sample-ms", "1", "--no-plot", "--out-dir", str(tmp_path))
+    proc = run_cli("bench", *PLATFORM, *SHORT, "-N", "2", "--op", "rms_norm", "-b", "1K",
+                   "-e", "1K", "--hidden", str(hidden), "-a", "fused,all_reduce+rms_norm",
+                   "--repeats", "2", "--min-sample-ms", "1", "--no-plot",
+                   "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["algorithm"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
     assert rows["fused"]["hidden"] == hidden and rows["fused"]["kernel"] == "all_reduce+norm"
@@ -304,7 +308,7 @@ def test_tune_rejects_bad_options(args, message, capsys):
 
 def test_tune_writes_a_table_later_runs_accept(tmp_path):
     path = tmp_path / "table.json"
-    proc = run_cli("tune", *PLATFORM, "-N", "2", "-b", "1K", "-e", "16K", "--repeats", "3",
+    proc = run_cli("tune", *PLATFORM, *SHORT, "-N", "2", "-b", "1K", "-e", "16K", "--repeats", "3",
                    "--min-sample-ms", "2", "--out", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"# wrote {path}" in proc.stdout
@@ -323,7 +327,7 @@ def test_tune_writes_a_table_later_runs_accept(tmp_path):
 def test_tune_below_one_norm_row_says_so_instead_of_an_empty_table(tmp_path):
     """Messages of 1K and 2K hold no row of the norm paths (4096 bfloat16):
     one line says nothing was measured there, and the kernels' table follows."""
-    proc = run_cli("tune", *PLATFORM, "-N", "2", "-b", "1K", "-e", "2K", "--repeats", "2",
+    proc = run_cli("tune", *PLATFORM, *SHORT, "-N", "2", "-b", "1K", "-e", "2K", "--repeats", "2",
                    "--min-sample-ms", "1", "--out", str(tmp_path / "table.json"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ("# all_reduce_rms_norm (bfloat16, hidden 4096), whole calls: none measured (a "
