@@ -16,7 +16,12 @@ the GPU under CUDA MPS (start MPS first; see docs/rms_norm.md). Run as
     python -m jax_ar launch -n 2 benchmarks/rms_norm_bench.py --fused
 It is skipped, saying why, when the build has no fused CUDA kernel. Ranks
 on one GPU share its bandwidth and SMs: these figures compare the two
-paths' costs, they say nothing about NVLink.
+paths' costs, they say nothing about NVLink. Its programs return the
+chain's results (timing.chained, unchecked), the method bench left on
+2026-12-06: XLA keeps part of such a chain in output buffers that move at
+every launch and records the program again: 0.3 (all_reduce) and 0.5 us
+(fused) a call more at 2 ranks and 16 KB (benchmarks/output_buffers.py,
+docs/latency_log.md "thirty-seventh push").
 
 Timing (jax_ar/timing.py, as `python -m jax_ar bench`): K calls in one
 jitted function, each call's inputs are the previous call's outputs (no
