@@ -26,18 +26,18 @@ RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_ra
 
 
 # Timing defaults per platform. On CPU a sample must last long enough that
-# the OS scheduler's noise averages out. On GPU a launch of a program costs
-# XLA 60-130 us of host time: 300 calls a program keep small calls
-# device-bound (at 20, bench timed the host: all_reduce at 16 KB, 2 ranks,
-# 6.4 us a call against 4.8 at 300), and samples of 20 ms spread 4% where
-# samples of 2 ms spread 24% (one H100 under MPS, 2026-12-06,
-# docs/latency_log.md "thirty-seventh push").
+# the OS scheduler's noise averages out. On GPU a launch of 20 small calls
+# lasts less than XLA's host time per launch, so bench timed the host
+# (all_reduce at 16 KB, 2 ranks: 6.4 us a call at 20 calls a program, 5.6
+# at 100, 4.8 at 300), and samples of 20 ms spread 4% where samples of 2
+# ms spread 24% (one H100 under MPS, 2026-12-06, docs/latency_log.md
+# "thirty-seventh push").
 TIMING_DEFAULTS = {
     "cpu": {"iters": 10, "launches": 2, "repeats": 5, "warmup": 1, "min_sample_ms": 10.0},
     "gpu": {"iters": 300, "launches": 4, "repeats": 10, "warmup": 2, "min_sample_ms": 20.0},
 }
 # Unless -n is given, a GPU program moves at most this many bytes a rank in
-# its calls (at least DEFAULT_LEAST_CALLS calls): 300 calls up to 13 MB, 20
+# its calls (at least DEFAULT_LEAST_CALLS calls): 300 calls up to 14 MB, 20
 # at 256 MB, where a launch of 300 would last seconds.
 GPU_CHAIN_BYTES = 4 << 30
 DEFAULT_LEAST_CALLS = 20
