@@ -79,10 +79,10 @@ def chained_to_count(step, mesh, axis: str, chain: int, count_wrong, n_args: int
     XLA then records the launch's command buffer again, tracing each FFI
     call whose buffers moved through its handler (cached by address, 16
     traces a call), and bench's launches ran host-bound: all_reduce_rms_norm
-    at 16 KB and 2 ranks took 10.6 us a call in bench against 5.4 with the
-    count alone, whose values stay in the temporary buffer, as a model's
-    layers' do (one H100 under MPS, 2026-12-06, docs/latency_log.md
-    "thirty-seventh push")."""
+    at 16 KB and 2 ranks took 10.6 us a call in bench (300 calls a program)
+    and 5.8 with the count alone, whose chain stays in the temporary
+    buffer, as a model's layers' values do (one H100 under MPS, 2026-12-06,
+    docs/latency_log.md "thirty-seventh push")."""
     def body(*inputs):
         results = _run_chain(step, axis, chain, inputs[:n_args])
         # Each rank's own count: varying over the axis, one element a rank.
