@@ -125,6 +125,8 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
             raise ValueError(f"{what}: axis {axis} is out of range for an operand "
                              f"of shape {np.shape(leaf)} with tiled={tiled}")
         d = int(axis) % out_ndim
+        if to == "invarying":
+            _check_gathered_varies(leaf, kinds, what)
         step = plan_leaf(what, kinds, leaf, axis_index_groups, gather=True, to=to)
         if step.kind == LAX:
             return call_lax(what, "jax.lax.all_gather", jax.lax.all_gather, leaf, names,
@@ -135,6 +137,20 @@ def all_gather(x, axis_name, axis=0, tiled=False, to="varying", *, axis_index_gr
 
     chain = []
     return jax.tree_util.tree_map(lambda leaf: _record(one(leaf), chain), x)
+
+
+def _check_gathered_varies(leaf, kinds, what) -> None:
+    """Where jax.lax.all_gather(..., to="invarying") refuses an operand that
+    does not vary over the manual axes it gathers (jax >= 0.12.1, check_vma
+    on), jax_ar refuses it too, with lax's exception type."""
+    if not (_compat.LAX_GATHER_INVARIANT_NEEDS_VARYING and _compat.check_vma_enabled()):
+        return
+    varying = _compat.varying_axes(jax.typeof(leaf))
+    same = [a for a in (*kinds.mesh, *kinds.single) if a not in varying]
+    if same:
+        raise ValueError(f"{what}(..., to='invarying'): the operand is the same on every rank "
+                         f"of {tuple(same)}, where it must vary (jax.lax.all_gather refuses "
+                         f"such an operand from jax 0.12.1 under check_vma)")
 
 
 def _check_tiled(what, tiled) -> bool:

@@ -15,6 +15,8 @@ import sys
 import jax
 
 __all__ = [
+    "LAX_GATHER_INVARIANT_NEEDS_VARYING",
+    "LAX_REDUCTIONS_KEEP_WEAK_TYPE",
     "check_vma_enabled",
     "distributed_client",
     "has_explicit_sharding",
@@ -29,6 +31,18 @@ __all__ = [
     "with_varying_axes",
     "without_vma_checks",
 ]
+
+
+# Whether jax.lax's psum / pmax / pmin keep a weakly typed operand's weak
+# type without check_vma (with it, every supported release keeps it):
+# from jax 0.12.1 on (pmax(1) is a weak int32 there, a strong one in
+# 0.10 to 0.12.0).
+_JAX_VERSION = tuple(getattr(jax, "__version_info__", (0, 0, 0))[:3])
+LAX_REDUCTIONS_KEEP_WEAK_TYPE = _JAX_VERSION >= (0, 12, 1)
+# Whether jax.lax.all_gather(..., to="invarying") under check_vma refuses an
+# operand that does not vary over the gathered manual axes (ValueError):
+# from jax 0.12.1 on; 0.10 to 0.12.0 take it.
+LAX_GATHER_INVARIANT_NEEDS_VARYING = _JAX_VERSION >= (0, 12, 1)
 
 
 def varying_axes(aval) -> frozenset:

@@ -55,10 +55,12 @@ def lax_reduce(x, axes, op):
 
 def _abstract_eval(*avals, axes, vma, **_):
     # Like psum: the result no longer varies over the reduced axes. Without
-    # check_vma, jax.lax's psum / pmax / pmin give a strongly typed result
-    # (jax 0.10 to 0.12: a fresh ShapedArray), so this one does too.
+    # check_vma, jax.lax's psum / pmax / pmin gave a strongly typed result
+    # up to jax 0.12.0 (a fresh ShapedArray), so this one does there too.
     out = [_compat.with_varying_axes(a, _compat.varying_axes(a) - set(axes)) for a in avals]
-    return out if vma else [a.update(weak_type=False) for a in out]
+    if vma or _compat.LAX_REDUCTIONS_KEEP_WEAK_TYPE:
+        return out
+    return [a.update(weak_type=False) for a in out]
 
 
 def _ffi_attributes(*, op, algorithm, comm_id, **_):
