@@ -77,15 +77,15 @@ def _with_mistakes(want, rng):
     got = want.copy().reshape(-1)
     wide = got.astype(np.float64)
     picks = rng.choice(got.size, 6, replace=False)
-    rounding = {2: 2.0**-7, 4: 2.0**-20}.get(got.dtype.itemsize, 0.0)
-    unsigned = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
+    rounding = data.ROUNDING.get(got.dtype.itemsize, 0.0)
+    unsigned = data.UNSIGNED[got.dtype.itemsize]
     bits = got.view(unsigned)
     bits[picks[0]] ^= 1
     got[picks[1]] = -got[picks[1]]
     if got.dtype.kind == "f" or got.dtype == data.DTYPES["bfloat16"]:
         got[picks[2]] = np.nan
         for pick, share in ((picks[3], 0.5), (picks[4], 3.0)):
-            got[pick] = wide[pick] + share * 8 * rounding * (abs(wide[pick]) + 1.0)
+            got[pick] = wide[pick] + share * data.ROUNDINGS * rounding * (abs(wide[pick]) + 1.0)
     return got.reshape(want.shape)
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "chain_length", "count_wrong", "rank_values", "reference",
-           "rms_norm_inputs", "rms_norm_reference", "rms_norm_wrong"]
+__all__ = ["DTYPES", "ROUNDING", "ROUNDINGS", "UNSIGNED", "chain_length", "count_wrong",
+           "rank_values", "reference", "rms_norm_inputs", "rms_norm_reference",
+           "rms_norm_wrong"]
 
 DTYPES = {
     "float32": np.dtype(np.float32),
@@ -107,12 +108,16 @@ def reference(op: str, dtype_name: str, count: int, world: int, chain: int,
     return y.astype(out_dtype)
 
 
+# The unsigned type of each element size: values compared bit for bit.
+UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def count_wrong(got: np.ndarray, want: np.ndarray) -> int:
     """Elements that differ bit for bit (shapes and dtypes must match)."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return max(got.size, want.size)
-    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+    unsigned = UNSIGNED[got.dtype.itemsize]
     return int(np.count_nonzero(got.reshape(-1).view(unsigned) != want.reshape(-1).view(unsigned)))
 
 
@@ -149,10 +154,16 @@ def rms_norm_reference(parts, residual, gamma, eps: float, chain: int):
     return out, res.astype(dtype)
 
 
+# rms_norm_wrong's tolerance: ROUNDINGS roundings of the dtype (by its
+# element size) of the value, or of 1 near zero.
+ROUNDINGS = 8
+ROUNDING = {2: 2.0**-7, 4: 2.0**-20}
+
+
 def rms_norm_wrong(got, want) -> int:
     """Elements off the emulation by more than a few roundings of the dtype."""
     got64 = np.asarray(got).astype(np.float64)
     want64 = np.asarray(want).astype(np.float64)
-    eps = {2: 2.0**-7, 4: 2.0**-20}[np.asarray(want).dtype.itemsize]
-    tol = 8 * eps * (np.abs(want64) + 1.0)
+    rounding = ROUNDING[np.asarray(want).dtype.itemsize]
+    tol = ROUNDINGS * rounding * (np.abs(want64) + 1.0)
     return int(np.count_nonzero(~(np.abs(got64 - want64) <= tol)))  # NaN counts as wrong

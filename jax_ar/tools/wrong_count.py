@@ -3,18 +3,17 @@
 bench and tune time a program whose only output is each rank's count of
 wrong elements (timing.chained_to_count), so the rules of the host checks
 (bench_data.count_wrong, bench_data.rms_norm_wrong) are written again here
-in jnp; tests/test_tools_bench.py holds the two to the same counts.
+in jnp, with their constants; tests/test_tools_bench.py holds the two to
+the same counts.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["bits_differ", "off_tolerance"]
+from .bench_data import ROUNDING, ROUNDINGS, UNSIGNED
 
-_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
-# A few roundings of the dtype, as bench_data.rms_norm_wrong.
-_ROUNDING = {2: 2.0**-7, 4: 2.0**-20}
+__all__ = ["bits_differ", "off_tolerance"]
 
 
 def bits_differ(got, want):
@@ -22,7 +21,7 @@ def bits_differ(got, want):
     scalar; every element when shapes or dtypes differ."""
     if got.shape != want.shape or got.dtype != want.dtype:
         return jnp.int32(max(got.size, want.size))
-    unsigned = _UNSIGNED[jnp.dtype(got.dtype).itemsize]
+    unsigned = UNSIGNED[jnp.dtype(got.dtype).itemsize]
     differ = (jax.lax.bitcast_convert_type(got, unsigned)
               != jax.lax.bitcast_convert_type(want, unsigned))
     return jnp.sum(differ, dtype=jnp.int32)
@@ -35,5 +34,5 @@ def off_tolerance(got, want):
     differences are exact; for float32 data the difference rounds by at
     most 2**-24 of the values, far inside the 8 * 2**-20 tolerance."""
     got32, want32 = got.astype(jnp.float32), want.astype(jnp.float32)
-    tolerance = 8 * _ROUNDING[jnp.dtype(want.dtype).itemsize] * (jnp.abs(want32) + 1.0)
+    tolerance = ROUNDINGS * ROUNDING[jnp.dtype(want.dtype).itemsize] * (jnp.abs(want32) + 1.0)
     return jnp.sum(~(jnp.abs(got32 - want32) <= tolerance), dtype=jnp.int32)
