@@ -11,8 +11,9 @@ chain of 16 KB calls (bfloat16, hidden 4096) built three ways:
             every result an output (timing.chained)
   count     the same chain returning each rank's count of wrong elements
             only (timing.chained_to_count, what bench and tune time now)
-  pc        benchmarks/per_call_overhead.py's program: one chained operand,
-            sharded output
+  pc        benchmarks/per_call_overhead.py's program with --output results
+            (its method before 2026-12-06): one chained operand, its last
+            result the sharded output
 
 for jax_ar.all_reduce (one-shot, sum; pc: avg) and all_reduce_rms_norm
 (one-shot), sampled two ways: "bench" (bench's method: 4 launches a sample,
@@ -44,6 +45,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_ar
 from jax_ar.tools import timing, wrong_count
 
+import per_call_overhead  # this folder: the launcher puts it first on sys.path
+
 HIDDEN, EPS, BYTES = 4096, 1e-6, 16384
 
 
@@ -71,13 +74,9 @@ def main():
     def all_reduce(a, op="sum"):
         return jax_ar.all_reduce(a, "tp", op=op, algorithm="oneshot")
 
-    def pc_program(step):
-        def body(y):
-            for _ in range(calls):
-                y = step(y)
-            return y
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
-                                     check_vma=False))
+    def pc_program(step):  # per_call_overhead's program before 2026-12-06 (--output results)
+        return jax.jit(jax.shard_map(per_call_overhead.chain(step, calls, "results"), mesh=mesh,
+                                     in_specs=P("tp"), out_specs=P("tp"), check_vma=False))
 
     # Counts against stand-in wants: only the programs' shapes matter here.
     def count_all(results, wants):
