@@ -11,6 +11,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/inverse_rms.h"
 #include "gpu/row_plan.h"
@@ -70,6 +71,42 @@ __device__ __forceinline__ T WarpSum(T value, int width) {
   return value;
 }
 
+/// partials[0] + partials[1] + ... + partials[count - 1], added one at a
+/// time from 0 in that order, the order of every row sum here. float32
+/// partials of 4, 8, 16 or 32 warps (16-byte aligned, as the callers' are)
+/// are read 16 bytes at a time, every load issued before the first add,
+/// rather than a load and an add a warp in a loop of unknown length.
+template <int kQuads>
+__device__ __forceinline__ float SumQuadsInOrder(const float* partials) {
+  float4 quads[kQuads];
+#pragma unroll
+  for (int i = 0; i < kQuads; ++i) quads[i] = reinterpret_cast<const float4*>(partials)[i];
+  float total = 0;
+#pragma unroll
+  for (int i = 0; i < kQuads; ++i) {
+    total += quads[i].x;
+    total += quads[i].y;
+    total += quads[i].z;
+    total += quads[i].w;
+  }
+  return total;
+}
+template <typename T>
+__device__ __forceinline__ T SumInOrder(const T* partials, int count) {
+  if constexpr (std::is_same_v<T, float>) {
+    switch (count) {
+      case 4: return SumQuadsInOrder<1>(partials);
+      case 8: return SumQuadsInOrder<2>(partials);
+      case 16: return SumQuadsInOrder<4>(partials);
+      case 32: return SumQuadsInOrder<8>(partials);
+      default: break;
+    }
+  }
+  T total = 0;
+  for (int i = 0; i < count; ++i) total += partials[i];
+  return total;
+}
+
 /// The sum of a row's `warps` warp sums, stored at row_partials[0..warps)
 /// by their warps' first lanes, in the row's warp order, once every warp of
 /// the block stored its own. Every thread of the block must call this
@@ -78,8 +115,7 @@ __device__ __forceinline__ T WarpSum(T value, int width) {
 template <bool kPartialsReused, typename T>
 __device__ __forceinline__ T SumWarpPartials(const T* row_partials, int warps) {
   __syncthreads();
-  T total = 0;
-  for (int w = 0; w < warps; ++w) total += row_partials[w];
+  const T total = SumInOrder(row_partials, warps);
   if constexpr (kPartialsReused) __syncthreads();
   return total;
 }
@@ -152,7 +188,7 @@ __device__ __forceinline__ void ClusterWait() {
 /// (an mbarrier) their stores complete on; and where the same row's double
 /// warp sums land when float32 cannot serve it (ClusterRowSumWide).
 struct ClusterRowSumSlot {
-  float sums[kMaxWarpsPerRow];
+  alignas(16) float sums[kMaxWarpsPerRow];  // SumInOrder's 16-byte loads
   uint64_t arrived;
   double wide[kMaxWarpsPerRow];
 };
@@ -160,7 +196,9 @@ struct ClusterRowSumSlot {
 /// A block's partial sums for RowSum and RowSumOfVectors (rows within one
 /// block): float32, and double for rows that float32 cannot serve.
 struct BlockRowSums {
-  float sums[kMaxWarpsPerRow];
+  // A row's partials start at a multiple of its warps: 16-byte aligned
+  // for the warp counts SumInOrder reads 16 bytes at a time.
+  alignas(16) float sums[kMaxWarpsPerRow];
   double wide[kMaxWarpsPerRow];
 };
 
@@ -244,9 +282,7 @@ __device__ __forceinline__ float ClusterRowSum(float value, int threads_per_row,
         : "r"(bar)
         : "memory");
   }
-  float total = 0;
-  for (int w = 0; w < warps; ++w) total += slot.sums[w];
-  return total;
+  return SumInOrder(slot.sums, warps);
 }
 
 /// ClusterRowSum in double, for the rare row whose float32 sum cannot serve
@@ -268,9 +304,7 @@ __device__ __forceinline__ double ClusterRowSumWide(double value, int threads_pe
   }
   ClusterArriveRelease();
   ClusterWait();
-  double total = 0;
-  for (int w = 0; w < warps; ++w) total += slot.wide[w];
-  return total;
+  return SumInOrder(slot.wide, warps);
 }
 
 /// 1 / sqrt(mean(v * v) + eps) of a row of `hidden` elements, from this
