@@ -111,7 +111,9 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
   // Clustered rows: a slot for each of the row's sums (ClusterRowSum).
-  __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : 1];
+  // Rows of one block: two partials' buffers, which the block's turns
+  // take in alternation (InverseRmsOfRow).
+  __shared__ RowSumScratch<kCluster> scratch[kRowSumSlots];
   // The other blocks' stores into this block's slots wait for this
   // (ClusterWait below).
   if constexpr (kCluster) ReadyClusterRowSums(scratch, kRowSumSlots, a.threads_per_row / 32);
@@ -171,7 +173,8 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   // be written. A cluster has one row (the launch has a cluster a row), so
   // its loop below runs once and each slot takes one sum.
   if constexpr (kCluster) ClusterWait();
-  for (int64_t base = first_base; base < a.rows; base += base_stride) {
+  int turn = 0;
+  for (int64_t base = first_base; base < a.rows; base += base_stride, ++turn) {
     const int64_t row = base + threadIdx.x / tpr;
     const bool active = row < a.rows;
     uint4 mine[kVectors];
@@ -182,8 +185,9 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
       // Later rows from L2 (the loop above read them).
       mine[k] = base == first_base ? first_row[k] : LoadShared16(RowOf(a.x, row, row_bytes) + 16 * i);
     }
-    NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster, kOneShotEarlyVectors<kVectors>>(
-        a, row, active, scratch,
+    NormalizeReducedRow<D, R, kPostNorm, kVectors, kCluster, kOneShotEarlyVectors<kVectors>,
+                        /*kAlternatingScratch=*/!kCluster>(
+        a, row, active, kCluster ? scratch : scratch + (turn & 1),
         [&](int k, int i, float* acc) {
           ok = SumRanksOfPacket<D>(a, half, a.slot_bytes, 2 * (row * a.row_vectors + i), flags,
                                    waiter, mine[k], ok, acc);

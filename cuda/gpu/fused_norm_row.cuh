@@ -158,7 +158,7 @@ inline constexpr int kSquareSums = kVectors == 2 ? 2 : 1;
 // 1) is which of the row's sums this is: a clustered row takes the nth of
 // its kRowSumSlots slots in `scratch`, a one-block row the block's
 // partials.
-template <bool kCluster, int kSums, typename WideSums>
+template <bool kCluster, bool kAlternatingScratch, int kSums, typename WideSums>
 __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
                                                  const float (&sums)[kSums], int hidden,
                                                  int lane, RowSumScratch<kCluster>* scratch,
@@ -177,9 +177,17 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
                                                    scratch->sums);
     served = FloatInverseRms(total, hidden, a.eps, inv);
     // Rows within a warp decide by warp; wider rows by block, whose barrier
-    // also lets the next row a block takes write the partials again.
+    // also lets the next row a block takes write the partials again. A
+    // block that is one row's alone decides without it where its caller
+    // alternates two partials' buffers between sums (kAlternatingScratch):
+    // every thread added the same partials in the same order, so `served`
+    // is the block's already; and the sum two turns on, the next to write
+    // this buffer, writes it after the next sum's barrier, which every
+    // thread passes only after its reads here.
     all_served = kSums == 1 && tpr <= 32 ? __all_sync(0xffffffffu, served)
-                                         : __syncthreads_and(served) != 0;
+                 : kAlternatingScratch && tpr == static_cast<int>(blockDim.x)
+                     ? served
+                     : __syncthreads_and(served) != 0;
   }
   if (all_served) return inv;
   double wide[kSums];
@@ -227,7 +235,8 @@ __device__ __forceinline__ void NormalizeLanes(const float* v, float inv_rms, co
 // after every block of the cluster started (ClusterRowSum: a slot takes one
 // sum). Returns the row's inverse RMS (of the norm, not the post-norm).
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, int kEarlyVectors,
-          typename Reduce, typename EmitResidual, typename EmitOut>
+          bool kAlternatingScratch = false, typename Reduce, typename EmitResidual,
+          typename EmitOut>
 __device__ __forceinline__ float NormalizeReducedRow(const RmsNormLaunchArgs& a, int64_t row,
                                                     bool active, RowSumScratch<kCluster>* scratch,
                                                     Reduce&& reduce,
@@ -304,7 +313,7 @@ __device__ __forceinline__ float NormalizeReducedRow(const RmsNormLaunchArgs& a,
       AddBias<kLanes>(a, group, hidden, i, t[k]);
       AddSquares<kLanes>(t[k], post_sum_of_squares[kSums == 1 ? 0 : k]);
     }
-    const float post_inv_rms = InverseRmsOfRow<kCluster>(
+    const float post_inv_rms = InverseRmsOfRow<kCluster, false>(
         a, post_sum_of_squares, hidden, lane, scratch, 0, wide_sums_of([&](int k, float* v) {
 #pragma unroll
           for (int j = 0; j < kLanes; ++j) v[j] = t[k][j];
@@ -330,7 +339,8 @@ __device__ __forceinline__ float NormalizeReducedRow(const RmsNormLaunchArgs& a,
       add_residual(k, i, t);
     }
   }
-  const float inv_rms = InverseRmsOfRow<kCluster>(
+  // A post-norm's two sums share one buffer: their barrier stays.
+  const float inv_rms = InverseRmsOfRow<kCluster, kAlternatingScratch && !kPostNorm>(
       a, sum_of_squares, hidden, lane, scratch, kPostNorm ? 1 : 0,
       wide_sums_of([&](int k, float* v) { RL::Unpack(stored[k], v); }));
 #pragma unroll
