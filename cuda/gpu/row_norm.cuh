@@ -75,7 +75,11 @@ __device__ __forceinline__ T WarpSum(T value, int width) {
 /// time from 0 in that order, the order of every row sum here. float32
 /// partials of 4, 8, 16 or 32 warps (16-byte aligned, as the callers' are)
 /// are read 16 bytes at a time, every load issued before the first add,
-/// rather than a load and an add a warp in a loop of unknown length.
+/// rather than a load and an add a warp in a loop of unknown length. With
+/// the one-row blocks' single barrier (fused_norm_row.cuh), the fused
+/// one-shot ran 0.2-0.3 us a call faster at 2 ranks (16 and 512 KB) and
+/// 4 ranks (256 and 512 KB) and none slower at 8 (hidden 4096, one H100;
+/// docs/latency_log.md "Latency, thirty-ninth push").
 template <int kQuads>
 __device__ __forceinline__ float SumQuadsInOrder(const float* partials) {
   float4 quads[kQuads];
