@@ -74,8 +74,8 @@ __device__ __forceinline__ T WarpSum(T value, int width) {
 /// partials[0] + partials[1] + ... + partials[count - 1], added one at a
 /// time from 0 in that order, the order of every row sum here. float32
 /// partials of 4, 8, 16 or 32 warps (16-byte aligned, as the callers' are)
-/// are read 16 bytes at a time, every load issued before the first add,
-/// rather than a load and an add a warp in a loop of unknown length. With
+/// are read 16 bytes at a time, every load issued before the first add
+/// (a loop of unknown length may wait for each load in turn). With
 /// the one-row blocks' single barrier (fused_norm_row.cuh), the fused
 /// one-shot ran 0.2-0.3 us a call faster at 2 ranks (16 and 512 KB) and
 /// 4 ranks (256 and 512 KB) and none slower at 8 (hidden 4096, one H100;
