@@ -111,9 +111,10 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
     const __grid_constant__ RmsNormLaunchArgs a) {
   using RL = ResidualLanes<D, R>;
   // Clustered rows: a slot for each of the row's sums (ClusterRowSum).
-  // Rows of one block: two partials' buffers, which the block's turns
-  // take in alternation (InverseRmsOfRow).
-  __shared__ RowSumScratch<kCluster> scratch[kRowSumSlots];
+  // Rows of one block: partials' buffers, which the block's turns take in
+  // alternation (InverseRmsOfRow).
+  __shared__ RowSumScratch<kCluster> scratch[kCluster ? kRowSumSlots : kBlockRowSumBuffers];
+  static_assert(kBlockRowSumBuffers == 2, "the turns below alternate two buffers");
   // The other blocks' stores into this block's slots wait for this
   // (ClusterWait below).
   if constexpr (kCluster) ReadyClusterRowSums(scratch, kRowSumSlots, a.threads_per_row / 32);

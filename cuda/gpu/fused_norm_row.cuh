@@ -128,6 +128,10 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
 // Slots of a clustered row (ClusterRowSum): one for each of its sums
 // (post-norm and norm).
 inline constexpr int kRowSumSlots = 2;
+// Partials' buffers of the fused one-shot's blocks of rows: the block's
+// turns take them in alternation, so that a block of one row needs no
+// barrier after its sum (InverseRmsOfRow, kAlternatingScratch).
+inline constexpr int kBlockRowSumBuffers = 2;
 
 // Where a row's threads meet to sum: warp partials in the block's shared
 // memory (one BlockRowSums), or, for a row that spans a cluster, its

@@ -77,9 +77,10 @@ __device__ __forceinline__ T WarpSum(T value, int width) {
 /// are read 16 bytes at a time, every load issued before the first add
 /// (a loop of unknown length may wait for each load in turn). With
 /// the one-row blocks' single barrier (fused_norm_row.cuh), the fused
-/// one-shot ran 0.2-0.3 us a call faster at 2 ranks (16 and 512 KB) and
-/// 4 ranks (256 and 512 KB) and none slower at 8 (hidden 4096, one H100;
-/// docs/latency_log.md "Latency, thirty-ninth push").
+/// one-shot ran 0.2-0.4 us a call faster at 2 ranks 512 KB and 4 ranks
+/// 256 and 512 KB, 0.2-1.1 at 8 ranks 512 KB, and as fast elsewhere
+/// (hidden 4096, one H100; docs/latency_log.md "Latency, thirty-ninth
+/// push").
 template <int kQuads>
 __device__ __forceinline__ float SumQuadsInOrder(const float* partials) {
   float4 quads[kQuads];
