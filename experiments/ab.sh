@@ -6,8 +6,11 @@
 # Carry the root modules (jax_ar/_jax_ar_cuda*.so, jax_ar/_jax_ar_cpu*.so,
 # jax_ar/PREBUILT), ab/NAME.tar.gz of each and probes (experiments/prepare.sh).
 # PER_CALL_ARGS go to benchmarks/per_call_overhead.py; PROBE_SIZES is "" for
-# no probe. Writes $OUT/latency.jsonl (scripts/latency_ab.sh), its log and
-# benchmarks/latency_table.py's table of it.
+# no probe. Writes $OUT/latency.jsonl (scripts/latency_ab.sh), its log,
+# benchmarks/latency_table.py's table of it and experiments/pick.py's choice
+# among CANDIDATES (comma-separated; default every variant, so name them
+# when diagnostics run beside), and leaves the lines in /tmp/ab_latency.jsonl
+# for experiments/land.sh on the same warm machine.
 set -u
 cd "$(dirname "$0")/.."
 IFS=, read -r -a names <<< "$1"
@@ -25,3 +28,6 @@ jobs+=("tree main . $*")
 JOB_TIMEOUT_S="${JOB_TIMEOUT_S:-120}" timeout "${AB_TIMEOUT_S:-540}" \
   bash scripts/latency_ab.sh "$OUT/latency.jsonl" "${jobs[@]}"
 python3 benchmarks/latency_table.py "$OUT/latency.jsonl" | tee "$OUT/table.md"
+cp "$OUT/latency.jsonl" /tmp/ab_latency.jsonl
+python3 experiments/pick.py "$OUT/latency.jsonl" ${CANDIDATES:+--candidates "$CANDIDATES"} \
+  | tee "$OUT/pick.txt"

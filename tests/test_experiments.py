@@ -1,0 +1,69 @@
+"""experiments/pick.py: which kernel variant of a device A/B lands."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FUSED = "all_reduce_rms_norm oneshot"
+
+
+def ab_lines(trees):
+    """JSON lines of an A/B in turn: trees = {variant: {(ranks, kb): [us per pass]}}."""
+    lines = []
+    for variant, cells in trees.items():
+        for (ranks, kb), passes in cells.items():
+            for us in passes:
+                lines.append({"variant": variant, "case": FUSED, "ranks": ranks,
+                              "bytes_per_rank": kb * 1024, "norm_hidden": 4096,
+                              "us_per_call": us, "result": "ok"})
+                lines.append({"variant": variant, "case": "all_reduce oneshot", "ranks": ranks,
+                              "bytes_per_rank": kb * 1024, "us_per_call": us - 1.0,
+                              "result": "ok"})
+    return lines
+
+
+def run_pick(tmp_path, lines, *args):
+    path = tmp_path / "ab.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "pick.py"),
+                           str(path), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+MAIN = {(2, 16): [4.9, 5.0], (4, 256): [11.5, 11.4], (8, 256): [34.2, 34.1]}
+
+
+def test_pick_lands_the_variant_faster_at_4_and_8_ranks_from_the_faster_passes(tmp_path):
+    # fast: 0.3 and 0.5 us faster at 4 and 8 ranks (best passes), even at 2;
+    # slower: 0.2 us faster at 4 and 8 ranks in its better passes, whatever
+    # its other passes took
+    fast = {(2, 16): [4.9, 4.95], (4, 256): [11.1, 11.2], (8, 256): [33.6, 33.9]}
+    slower = {(2, 16): [4.95, 5.2], (4, 256): [11.2, 11.9], (8, 256): [33.9, 35.0]}
+    lines = run_pick(tmp_path, ab_lines({"main": MAIN, "fast": fast, "slower": slower}))
+    assert lines[-1] == "fast"
+    assert lines[0].startswith("fast: mean gain at 4 and 8 ranks +0.40 us, worst cell +0.00")
+    assert lines[1].startswith("slower: mean gain at 4 and 8 ranks +0.20 us, worst cell -0.05")
+    # a diagnostic left out of the candidates never lands
+    assert run_pick(tmp_path, ab_lines({"main": MAIN, "fast": fast, "slower": slower}),
+                    "--candidates", "slower")[-1] == "slower"
+
+
+def test_pick_refuses_a_loss_at_2_ranks_a_wrong_result_and_a_missing_cell(tmp_path):
+    loses_at_2 = {(2, 16): [5.05, 5.1], (4, 256): [10.4, 10.5], (8, 256): [33.0, 33.1]}
+    assert run_pick(tmp_path, ab_lines({"main": MAIN, "v": loses_at_2}))[-1] == "none"
+    wrong = ab_lines({"main": MAIN, "v": {(2, 16): [4.0], (4, 256): [10.0], (8, 256): [30.0]}})
+    wrong[-1]["result"] = "wrong"
+    report = run_pick(tmp_path, wrong)
+    assert report == ["v: a result of the run was wrong", "none"]
+    partial = ab_lines({"main": MAIN, "v": {(2, 16): [4.0], (4, 256): [10.0]}})
+    assert run_pick(tmp_path, partial) == ["v: not every cell of main was measured", "none"]
+
+
+def test_pick_keeps_hidden_sizes_apart(tmp_path):
+    lines = ab_lines({"main": MAIN, "v": {(2, 16): [4.9], (4, 256): [11.0], (8, 256): [33.0]}})
+    # v's only line at hidden 8192 would be a cell main lacks: left out, not compared
+    lines.append(dict(lines[-2], norm_hidden=8192, us_per_call=1.0))
+    report = run_pick(tmp_path, lines)
+    assert report[-1] == "v" and "h8192" not in report[0]
