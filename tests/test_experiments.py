@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+from harness import runs_on
+
+pytestmark = runs_on("cpu", "gpu")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUSED = "all_reduce_rms_norm oneshot"
 
