@@ -9,7 +9,7 @@
 # no probe. Writes $OUT/latency.jsonl (scripts/latency_ab.sh), its log,
 # benchmarks/latency_table.py's table of it and experiments/pick.py's choice
 # among CANDIDATES (comma-separated; default every variant, so name them
-# when diagnostics run beside), and leaves the lines in /tmp/ab_latency.jsonl
+# when diagnostics run beside), and leaves that choice in /tmp/ab_pick.txt
 # for experiments/land.sh on the same warm machine.
 set -u
 cd "$(dirname "$0")/.."
@@ -28,6 +28,5 @@ jobs+=("tree main . $*")
 JOB_TIMEOUT_S="${JOB_TIMEOUT_S:-120}" timeout "${AB_TIMEOUT_S:-540}" \
   bash scripts/latency_ab.sh "$OUT/latency.jsonl" "${jobs[@]}"
 python3 benchmarks/latency_table.py "$OUT/latency.jsonl" | tee "$OUT/table.md"
-cp "$OUT/latency.jsonl" /tmp/ab_latency.jsonl
 python3 experiments/pick.py "$OUT/latency.jsonl" ${CANDIDATES:+--candidates "$CANDIDATES"} \
-  | tee "$OUT/pick.txt"
+  | tee "$OUT/pick.txt" /tmp/ab_pick.txt

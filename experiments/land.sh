@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
 # Device command right after experiments/ab.sh on the same warm machine
 # (machines come seldom: this spares a second start): installs the variant
-# the A/B picked (experiments/pick.py on /tmp/ab_latency.jsonl, which ab.sh
-# leaves on the machine; CANDIDATES as for ab.sh), or $WINNER on a fresh
-# machine, as the root modules, then runs the whole GPU suite and the
-# standing on it (scripts/gpu_session.sh, about 570 s). Carry what ab.sh
-# carried. The modules' jax_ar/PREBUILT names the variant's commit (branch
-# ab-NAME of experiments/prepare.sh), which main then takes: `git merge
-# --ff-only ab-NAME`, or `git cherry-pick ab-NAME` where main moved since
-# (the same cuda/ tree under another hash: say so beside the results).
+# the A/B picked (the last line of /tmp/ab_pick.txt, experiments/pick.py's
+# choice among ab.sh's CANDIDATES, which ab.sh leaves on the machine), or
+# $WINNER on a fresh machine, as the root modules, then runs the whole GPU
+# suite and the standing on it (scripts/gpu_session.sh, about 570 s).
+# Carry what ab.sh carried. The modules' jax_ar/PREBUILT names the
+# variant's commit (branch ab-NAME of experiments/prepare.sh), which main
+# then takes: `git merge --ff-only ab-NAME`, or `git cherry-pick ab-NAME`
+# where main moved since (the same cuda/ tree under another hash: say so
+# beside the results).
 #
 #   bash experiments/land.sh
 set -u
 cd "$(dirname "$0")/.."
 winner="${WINNER:-}"
 if [ -z "$winner" ]; then
-  if [ ! -e /tmp/ab_latency.jsonl ]; then
+  if [ ! -e /tmp/ab_pick.txt ]; then
     echo "no A/B on this machine: pass WINNER=NAME"; exit 3
   fi
-  python3 experiments/pick.py /tmp/ab_latency.jsonl ${CANDIDATES:+--candidates "$CANDIDATES"} \
-    | tee "$OUT/pick.txt"
-  winner=$(tail -n 1 "$OUT/pick.txt")
+  winner=$(tail -n 1 /tmp/ab_pick.txt)
 fi
 if [ "$winner" = none ]; then echo "no variant to land"; exit 0; fi
 rm -rf "ab/m$winner" && mkdir -p "ab/m$winner" && tar -xzf "ab/$winner.tar.gz" -C "ab/m$winner" \
