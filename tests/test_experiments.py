@@ -1,4 +1,6 @@
-"""experiments/pick.py: which kernel variant of a device A/B lands."""
+"""experiments/pick.py: which kernel variant of a device A/B lands; and
+experiments/sass_size.py: the kernels' machine code, counted."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -71,3 +73,40 @@ def test_pick_keeps_hidden_sizes_apart(tmp_path):
     lines.append(dict(lines[-2], norm_hidden=8192, us_per_call=1.0))
     report = run_pick(tmp_path, lines)
     assert report[-1] == "v" and "h8192" not in report[0]
+
+
+def load_sass_size():
+    spec = importlib.util.spec_from_file_location(
+        "sass_size", os.path.join(ROOT, "experiments", "sass_size.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Two builds' kernels as `cuobjdump -sass` prints them (abridged): the
+# anonymous namespace's hash differs between builds.
+SASS = """
+\tcode for sm_90
+\t\tFunction : _ZN6jax_ar3gpu63_GLOBAL__N__3ee9ed3c_30_all_reduce_rms_norm_kernels_cu_b229bf0a20OneShotRmsNormKernelILb0EEEvv
+\t.headerflags\t@"EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b82 */
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;           /* 0x0000000000007b1d */
+        /*0020*/              @!P0 DADD R4, R4, R6 ;                       /* 0x0000000604048229 */
+        /*0030*/                   BAR.RED.AND.DEFER_BLOCKING 0x0, P4 ;    /* 0x0000000000007b1d */
+        /*0040*/                   MEMBAR.SC.SYS ;                         /* 0x0000000000007992 */
+        /*0050*/                   CALL.REL.NOINC 0xa6e0 ;                 /* 0x0000007c00487944 */
+        /*0060*/                   DFMA R4, R4, R4, R6 ;                   /* 0x0000000604047229 */
+        /*0070*/                   EXIT ;                                  /* 0x000000000000794d */
+\t\t..........
+\t\tFunction : _ZN6jax_ar3gpu63_GLOBAL__N__9f00aa11_30_all_reduce_rms_norm_kernels_cu_01c2d3e413TwoShotKernelEv
+        /*0000*/                   EXIT ;                                  /* 0x000000000000794d */
+"""
+
+
+def test_sass_size_counts_each_kernel_and_drops_the_build_hash():
+    counts = load_sass_size().kernel_counts(SASS)
+    assert counts == {
+        "_ZN6jax_ar3gpu20OneShotRmsNormKernelILb0EEEvv":
+            {"instructions": 8, "barriers": 2, "double": 2, "calls": 1},
+        "_ZN6jax_ar3gpu13TwoShotKernelEv": {"instructions": 1},
+    }
