@@ -24,6 +24,7 @@ from collections import defaultdict
 
 GAIN_US = 0.1
 LOSS_US = 0.1
+FUSED_ONESHOT = "all_reduce_rms_norm oneshot"
 
 
 def best_of_passes(lines, case):
@@ -43,7 +44,7 @@ def cell_name(cell):
     return f"{ranks}r {bytes_per_rank // 1024}K" + (f" h{hidden}" if hidden else "")
 
 
-def pick(lines, candidates=None, case="all_reduce_rms_norm oneshot"):
+def pick(lines, candidates=None, case=FUSED_ONESHOT):
     """Returns (report lines, the variant to land or None)."""
     wrong = {line["variant"] for line in lines
              if line.get("case") != "ll_floor" and line.get("result", "ok") != "ok"}
@@ -81,7 +82,7 @@ def main(argv=None):
     parser.add_argument("jsonl")
     parser.add_argument("--candidates", default=None,
                         help="comma-separated variants that may land (default: all)")
-    parser.add_argument("--case", default="all_reduce_rms_norm oneshot")
+    parser.add_argument("--case", default=FUSED_ONESHOT)
     args = parser.parse_args(argv)
     with open(args.jsonl) as f:
         lines = [json.loads(line) for line in f if line.strip()]
