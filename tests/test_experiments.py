@@ -1,11 +1,13 @@
-"""experiments/pick.py: which kernel variant of a device A/B lands; and
-experiments/sass_size.py: the kernels' machine code, counted."""
+"""experiments/pick.py: which kernel variant of a device A/B lands;
+experiments/sass_size.py: the kernels' machine code, counted; and
+experiments/big_all_reduce.py: where a large call's wrong values came from."""
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 from harness import runs_on
 
 pytestmark = runs_on("cpu", "gpu")
@@ -75,9 +77,10 @@ def test_pick_keeps_hidden_sizes_apart(tmp_path):
     assert report[-1] == "v" and "h8192" not in report[0]
 
 
-def load_sass_size():
+def load_experiment(name):
+    """experiments/<name>.py as a module (the folder is not a package)."""
     spec = importlib.util.spec_from_file_location(
-        "sass_size", os.path.join(ROOT, "experiments", "sass_size.py"))
+        name, os.path.join(ROOT, "experiments", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -104,9 +107,32 @@ SASS = """
 
 
 def test_sass_size_counts_each_kernel_and_drops_the_build_hash():
-    counts = load_sass_size().kernel_counts(SASS)
+    counts = load_experiment("sass_size").kernel_counts(SASS)
     assert counts == {
         "_ZN6jax_ar3gpu20OneShotRmsNormKernelILb0EEEvv":
             {"instructions": 8, "barriers": 2, "double": 2, "calls": 1},
         "_ZN6jax_ar3gpu13TwoShotKernelEv": {"instructions": 1},
     }
+
+
+def test_big_all_reduce_decodes_a_wrong_value_by_where_it_came_from():
+    big = load_experiment("big_all_reduce")
+    world, elements = 4, 3 * big.PERIOD
+    values = [big.rank_values(r, elements) for r in range(world)]
+    right = np.sum(values, axis=0, dtype=np.float64)
+    # The right sum of element 70000 (70000 % 2^16 = 4464) read at another place.
+    assert big.decode(np.float32(right[70000]), world) == \
+        "the sum of an element j with j % 2^16 = 4464"
+    # Rank 2's own value, never summed.
+    assert big.decode(values[2][5], world) == \
+        "rank 2's own value of an element j with j % 2^16 = 5"
+    assert big.decode(np.float32(np.nan), world).startswith("not finite")
+    assert big.decode(np.float32(0.5), world) == "not an integer: no rank's value or sum"
+    assert big.decode(np.float32(-3.0), world) == "neither a sum nor one rank's value"
+
+
+def test_big_all_reduce_lists_the_runs_of_wrong_elements():
+    big = load_experiment("big_all_reduce")
+    runs, count = big.runs_of(np.array([3, 4, 5, 9, 20, 21]), limit=2)
+    assert [(int(a), int(b)) for a, b in runs] == [(3, 5), (9, 9)]
+    assert count == 3
