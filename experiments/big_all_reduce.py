@@ -32,15 +32,28 @@ def rank_values(rank, elements):
     return (np.arange(elements, dtype=np.int64) % PERIOD + rank * RANK_STEP).astype(np.float32)
 
 
+def ranks_offset(world):
+    """What the ranks' offsets add to every element's sum: RANK_STEP * (0 +
+    1 + ... + world - 1)."""
+    return RANK_STEP * world * (world - 1) // 2
+
+
+def right_sums(elements, world):
+    """The right sum of each of `elements` elements, as float32."""
+    index = np.arange(elements, dtype=np.int64)
+    return (world * (index % PERIOD) + ranks_offset(world)).astype(np.float32)
+
+
 def decode(value, world):
-    """What a wrong float32 `value` looks like: 'sum of element j (mod
-    2^16)', 'rank r's own value of element j (mod 2^16)', or 'unknown'."""
+    """What a wrong float32 `value` looks like, in words: not finite, not an
+    integer, the right sum of an element j (j % 2^16 named), one rank's own
+    value of an element j, or neither."""
     if not np.isfinite(value):
         return "not finite (a launch that did not run fills all-ones bits)"
-    v = int(value) if float(value).is_integer() else None
-    if v is None:
+    if not float(value).is_integer():
         return "not an integer: no rank's value or sum"
-    base = RANK_STEP * world * (world - 1) // 2
+    v = int(value)
+    base = ranks_offset(world)
     if (v - base) % world == 0 and 0 <= (v - base) // world < PERIOD:
         return f"the sum of an element j with j % 2^16 = {(v - base) // world}"
     if 0 <= v % RANK_STEP < PERIOD and 0 <= v // RANK_STEP < world:
@@ -70,9 +83,7 @@ def main(argv):
     (device,) = jax.local_devices()
     x = jax.make_array_from_single_device_arrays(
         (world * elements,), NamedSharding(mesh, P("tp")), [jax.device_put(local, device)])
-    index = np.arange(elements, dtype=np.int64)
-    want = (world * (index % PERIOD) + RANK_STEP * world * (world - 1) // 2).astype(np.float32)
-    del index
+    want = right_sums(elements, world)
     bad_calls = 0
     for algorithm in algorithms:
         f = jax.jit(jax.shard_map(lambda v: jax_ar.all_reduce(v, "tp", algorithm=algorithm),
