@@ -13,7 +13,10 @@ up to 8 ranks), so the right sum is world * (i % 2^16) + 2^17 * (0 + 1 +
 another element, one rank's own value, or neither. Each rank prints, per
 call, how many elements are wrong, the first few with their decoding, and
 the runs of wrong elements (first and last index, in MiB of the rank's
-data); it exits 1 if any call was wrong.
+data), and what the communicator recorded (`comm.check()`: a deadline
+that passed, for instance, leaves its call's outputs undefined and fills
+later calls' with all-ones bits, docs/guarantees.md); it exits 1 if any
+call was wrong.
 """
 import sys
 
@@ -70,6 +73,15 @@ def runs_of(wrong_index, limit=8):
     return list(zip(firsts[:limit], lasts[:limit])), len(firsts)
 
 
+def failure_of(comm):
+    """The first line of what `comm` recorded as its failure, or None."""
+    try:
+        comm.check()
+    except jax_ar.JaxArError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
 def main(argv):
     mib = int(argv[0]) if len(argv) > 0 else 128
     calls = int(argv[1]) if len(argv) > 1 else 5
@@ -89,9 +101,14 @@ def main(argv):
         f = jax.jit(jax.shard_map(lambda v: jax_ar.all_reduce(v, "tp", algorithm=algorithm),
                                   mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
         for call in range(calls):
-            got = np.asarray(f(x).addressable_shards[0].data)
-            wrong = np.nonzero(got != want)[0]
             label = f"rank {rank} {algorithm} {mib} MiB call {call}"
+            try:
+                got = np.asarray(f(x).addressable_shards[0].data)
+            except Exception as e:  # a failed communicator's later calls raise
+                bad_calls += 1
+                print(f"{label}: raised {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+                continue
+            wrong = np.nonzero(got != want)[0]
             if wrong.size == 0:
                 print(f"{label}: right", flush=True)
                 continue
@@ -104,6 +121,7 @@ def main(argv):
             for i in wrong[:SHOWN]:
                 print(f"  element {i}: got {got[i]!r}, want {want[i]!r}: "
                       f"{decode(got[i], world)}", flush=True)
+            print(f"  communicator: {failure_of(comm) or 'no failure recorded'}", flush=True)
     comm.close()
     if bad_calls:
         print(f"rank {rank}: {bad_calls} wrong calls", flush=True)

@@ -76,6 +76,13 @@ class Fuzzer:
                 self.fail(name, f"returned a result; expected {error}")
 
     def fail(self, name, why):
+        # A GPU failure (a deadline, say) shows in comm.check(), not in the
+        # call: its outputs are undefined, later calls' all-ones bits
+        # (docs/guarantees.md). Name it beside what the case saw.
+        try:
+            self.comm.check()
+        except jax_ar.JaxArError as e:
+            why = f"(comm.check(): {str(e).splitlines()[0]}) {why}"
         self.failures.append(f"{name}: {why}")
         log(f"FAILED {name}: {why[:500]}")
         # The communicator may be broken now; the next case gets a fresh one.
