@@ -25,7 +25,7 @@ SUITE_BUDGET_S=$((LIMIT_S - 28))
 mkdir -p "$OUT"
 start=$SECONDS
 JAX_AR_GPU_PREBUILT=1 JAX_AR_GPU_BUDGET_S=$SUITE_BUDGET_S \
-  JAX_AR_GPU_ALONE="tests/test_comm_faults.py tests/test_ops_all_reduce.py tests/test_cuda_kernels.py" \
+  JAX_AR_GPU_ALONE="tests/test_comm_faults.py tests/test_ops_all_reduce.py tests/test_cuda_kernels.py tests/test_ops_fuzz.py" \
   OUT="$OUT" bash scripts/gpu_run.sh build tests > "$OUT/suite_log.txt" 2>&1
 echo "suite rc=$? after $((SECONDS - start)) s" >> "$OUT/suite_log.txt"
 left=$((LIMIT_S - (SECONDS - start)))
