@@ -105,10 +105,12 @@ __device__ __forceinline__ bool SumRanksOfPacket(const RmsNormLaunchArgs& a, con
 
 // kCluster: a row's threads span a cluster of a.blocks_per_row blocks, one
 // row a cluster (row_plan.h PlanFusedClusterRow); otherwise a block works on
-// blockDim.x / threads_per_row rows at once.
-template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster>
+// blockDim.x / threads_per_row rows at once. kOut: kPlain or kFp8, as the
+// launch's a.quantize (fused_norm_row.cuh OutKind).
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors, bool kCluster, OutKind kOut>
 __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKernel(
     const __grid_constant__ RmsNormLaunchArgs a) {
+  static_assert(kOut != OutKind::kByLaunch, "a one-shot kernel is either kind's");
   using RL = ResidualLanes<D, R>;
   // Clustered rows: a slot for each of the row's sums (ClusterRowSum).
   // Rows of one block: partials' buffers, which the block's turns take in
@@ -152,9 +154,9 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   const int parity = ctx.parity;
   Waiter waiter(a, ctx.launch);
   bool ok = live;
-  const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
+  const float scale = Quantized<kOut>(a) ? __ldg(a.scale) : 1.0f;
   const uint64_t residual_row_bytes = ResidualRowBytes<D, R>(a);
-  const int out_bytes = OutVectorBytes<D>(a);
+  const int out_bytes = OutVectorBytes<D, kOut>(a);
   const LLPacket* half = PacketSlot(a, a.rank, parity, a.slot_bytes, 0);
 
   // Every row of this block goes out before the first wait: a block with
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
           if (ok) RL::Store(RowOf(a.residual_out, row, residual_row_bytes), i, words);
         },
         [&](int i, const float* y) {
-          if (ok) StoreOut<D>(a, scale, y, RowOf(a.out, row, row_bytes / 16 * out_bytes) + out_bytes * i);
+          if (ok) StoreOut<D, kOut>(a, scale, y, RowOf(a.out, row, row_bytes / 16 * out_bytes) + out_bytes * i);
         });
   }
   if (live) FinishLaunch(a, ctx);
@@ -520,6 +522,23 @@ cudaError_t LaunchClustered(Kernel kernel, const RmsNormLaunchArgs& args, int bl
   return cudaLaunchKernelEx(&config, kernel, args);
 }
 
+template <Dtype D, Dtype R, bool kPostNorm, int kVectors, OutKind kOut>
+cudaError_t LaunchOneShot(const RmsNormLaunchArgs& args, int blocks, int threads,
+                          cudaStream_t stream) {
+  if (args.blocks_per_row == 1) {
+    OneShotRmsNormKernel<D, R, kPostNorm, kVectors, false, kOut>
+        <<<blocks, threads, 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+  if constexpr (kVectors == 1) {
+    // A row spans a cluster of blocks, one vector a thread (row_plan.h
+    // PlanFusedClusterRow).
+    return LaunchClustered(OneShotRmsNormKernel<D, R, kPostNorm, kVectors, true, kOut>, args,
+                           blocks, threads, stream);
+  }
+  return cudaErrorInvalidValue;  // the plan never clusters threads of more vectors
+}
+
 template <Dtype D, Dtype R, bool kPostNorm, int kVectors>
 cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int blocks, int threads,
                         cudaStream_t stream) {
@@ -543,17 +562,10 @@ cudaError_t LaunchTyped(Algorithm algorithm, const RmsNormLaunchArgs& args, int 
     // plan clusters only threads of one.
     return cudaErrorInvalidValue;
   }
-  if (args.blocks_per_row == 1) {
-    OneShotRmsNormKernel<D, R, kPostNorm, kVectors, false><<<blocks, threads, 0, stream>>>(args);
-    return cudaGetLastError();
-  }
-  if constexpr (kVectors == 1) {
-    // A row spans a cluster of blocks, one vector a thread (row_plan.h
-    // PlanFusedClusterRow).
-    return LaunchClustered(OneShotRmsNormKernel<D, R, kPostNorm, kVectors, true>, args, blocks,
-                           threads, stream);
-  }
-  return cudaErrorInvalidValue;  // the plan never clusters threads of more vectors
+  return args.quantize
+             ? LaunchOneShot<D, R, kPostNorm, kVectors, OutKind::kFp8>(args, blocks, threads, stream)
+             : LaunchOneShot<D, R, kPostNorm, kVectors, OutKind::kPlain>(args, blocks, threads,
+                                                                         stream);
 }
 
 // Kernels hold one vector of a row per thread (rows of up to 512 vectors:
@@ -599,13 +611,20 @@ cudaError_t LaunchResidual(Algorithm algorithm, const RmsNormLaunchArgs& args, i
 
 template <Dtype D, Dtype R, bool kPostNorm>
 cudaError_t LoadVariant() {
+  constexpr OutKind kPlain = OutKind::kPlain;
+  constexpr OutKind kFp8 = OutKind::kFp8;
   cudaFuncAttributes attributes;
   const void* kernels[] = {
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, false>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, false>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, false, kPlain>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, false, kPlain>),
       reinterpret_cast<const void*>(
-          OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, true>),
+          OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false, kPlain>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, true, kPlain>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, false, kFp8>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, false, kFp8>),
+      reinterpret_cast<const void*>(
+          OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false, kFp8>),
+      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, true, kFp8>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 1>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 2>),
       reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),

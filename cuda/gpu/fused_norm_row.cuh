@@ -32,18 +32,37 @@ __device__ __forceinline__ uint32_t FloatToE4m3fnSaturated(float f) {
   return sign | ((((u >> 23) - 127u + 7u) << 3) | ((u >> 20) & 7u));
 }
 
+// What a kernel's out holds: x's type or FP8 as its launch says
+// (kByLaunch), or one of them for every launch of the kernel. The fused
+// one-shot has a kernel for each (all_reduce_rms_norm_kernels.cu), so that
+// the calls without FP8 run a kernel without its conversions: about 350 of
+// the bfloat16 kernels' 3,040 instructions, which such calls skip, and
+// without which the kernel ran up to 0.25 us a call faster at 4 ranks
+// (docs/latency_log.md "forty-third push").
+enum class OutKind { kByLaunch, kPlain, kFp8 };
+
+// Whether out is FP8 (a.quantize) for a kernel of kOut.
+template <OutKind kOut>
+__device__ __forceinline__ bool Quantized(const RmsNormLaunchArgs& a) {
+  if constexpr (kOut == OutKind::kByLaunch) {
+    return a.quantize;
+  } else {
+    return kOut == OutKind::kFp8;
+  }
+}
+
 // Bytes of one row's out per 16-byte vector of x: 16, or lanes with FP8.
-template <Dtype D>
+template <Dtype D, OutKind kOut = OutKind::kByLaunch>
 __device__ __forceinline__ int OutVectorBytes(const RmsNormLaunchArgs& a) {
-  return a.quantize ? Vec<D>::kLanes : 16;
+  return Quantized<kOut>(a) ? Vec<D>::kLanes : 16;
 }
 
 // The normalized lanes `y` of one vector as out holds them: 16 bytes, or
 // with FP8 the first OutVectorBytes of the word (the rest zero).
-template <Dtype D>
+template <Dtype D, OutKind kOut = OutKind::kByLaunch>
 __device__ __forceinline__ uint4 PackOut(const RmsNormLaunchArgs& a, float scale, const float* y) {
   using V = Vec<D>;
-  if (!a.quantize) return V::Pack(y);
+  if (!Quantized<kOut>(a)) return V::Pack(y);
   uint32_t w[2] = {0, 0};
 #pragma unroll
   for (int j = 0; j < V::kLanes; ++j) {
@@ -64,10 +83,10 @@ __device__ __forceinline__ void StoreOutWord(std::byte* dst, uint4 word, int byt
 }
 
 // Stores the normalized lanes `y` of vector `vector` of a row at `dst`.
-template <Dtype D>
+template <Dtype D, OutKind kOut = OutKind::kByLaunch>
 __device__ __forceinline__ void StoreOut(const RmsNormLaunchArgs& a, float scale, const float* y,
                                          std::byte* dst) {
-  StoreOutWord(dst, PackOut<D>(a, scale, y), OutVectorBytes<D>(a));
+  StoreOutWord(dst, PackOut<D, kOut>(a, scale, y), OutVectorBytes<D, kOut>(a));
 }
 
 template <Dtype R>
