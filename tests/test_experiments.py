@@ -1,13 +1,11 @@
-"""experiments/pick.py: which kernel variant of a device A/B lands;
-experiments/sass_size.py: the kernels' machine code, counted; and
-experiments/big_all_reduce.py: where a large call's wrong values came from."""
+"""experiments/pick.py: which kernel variant of a device A/B lands; and
+experiments/sass_size.py: the kernels' machine code, counted."""
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 from harness import runs_on
 
 pytestmark = runs_on("cpu", "gpu")
@@ -113,26 +111,3 @@ def test_sass_size_counts_each_kernel_and_drops_the_build_hash():
             {"instructions": 8, "barriers": 2, "double": 2, "calls": 1},
         "_ZN6jax_ar3gpu13TwoShotKernelEv": {"instructions": 1},
     }
-
-
-def test_big_all_reduce_decodes_a_wrong_value_by_where_it_came_from():
-    big = load_experiment("big_all_reduce")
-    world, elements = 4, 3 * big.PERIOD
-    values = [big.rank_values(r, elements) for r in range(world)]
-    right = np.sum(values, axis=0, dtype=np.float64)
-    # The right sum of element 70000 (70000 % 2^16 = 4464) read at another place.
-    assert big.decode(np.float32(right[70000]), world) == \
-        "the sum of an element j with j % 2^16 = 4464"
-    # Rank 2's own value, never summed.
-    assert big.decode(values[2][5], world) == \
-        "rank 2's own value of an element j with j % 2^16 = 5"
-    assert big.decode(np.float32(np.nan), world).startswith("not finite")
-    assert big.decode(np.float32(0.5), world) == "not an integer: no rank's value or sum"
-    assert big.decode(np.float32(-3.0), world) == "neither a sum nor one rank's value"
-
-
-def test_big_all_reduce_lists_the_runs_of_wrong_elements():
-    big = load_experiment("big_all_reduce")
-    runs, count = big.runs_of(np.array([3, 4, 5, 9, 20, 21]), limit=2)
-    assert [(int(a), int(b)) for a, b in runs] == [(3, 5), (9, 9)]
-    assert count == 3
