@@ -111,3 +111,33 @@ def test_sass_size_counts_each_kernel_and_drops_the_build_hash():
             {"instructions": 8, "barriers": 2, "double": 2, "calls": 1},
         "_ZN6jax_ar3gpu13TwoShotKernelEv": {"instructions": 1},
     }
+
+
+def test_stamps_reads_each_block_from_its_earliest_start():
+    # Two stamped blocks of the fused kernel at 2 ranks (rank 0 block 0, rank
+    # 1 block 0), two warps each; the all_reduce's warp never reached t3.
+    log = [
+        "===== fstamp, 2 ranks (06:00:00): --bytes 512K",
+        "[rank 0] stamp fused rank 0 launch 4000 block 0 warp 0 of 2 bytes 524288: "
+        "1000 1100 1900 2300 2350 2400",
+        "[rank 0] stamp fused rank 0 launch 4000 block 0 warp 1 of 2 bytes 524288: "
+        "1010 1200 2000 2310 2360 2420",
+        "[rank 1] stamp fused rank 1 launch 4000 block 0 warp 0 of 2 bytes 524288: "
+        "50 150 750 1150 1200 1250",
+        "[rank 1] stamp fused rank 1 launch 4000 block 0 warp 1 of 2 bytes 524288: "
+        "60 260 850 1160 1210 1270",
+        "[rank 0] per call: something else",
+        "[rank 0] stamp all_reduce rank 0 launch 4000 block 1 warp 0 of 1 bytes 524288: "
+        "500 600 900 0 950 1000",
+    ]
+    stamps = load_experiment("stamps")
+    table = stamps.summarize(stamps.read_blocks(log))
+    count, fused = table[("fstamp", 2, "fused", 524288)]
+    # rank 0: sent 200, first in 900, last in 1000, summed 1310, end 1420, tail 420;
+    # rank 1: 210, 700, 800, 1110, 1220, 420; medians of the two
+    assert count == 2
+    assert fused == {"sent": 205, "first in": 800, "last in": 900, "summed": 1210,
+                     "end": 1320, "tail": 420}
+    count, all_reduce = table[("fstamp", 2, "all_reduce", 524288)]
+    assert count == 1 and all_reduce["last in"] == 400 and all_reduce["tail"] == 100
+    assert all_reduce["summed"] != all_reduce["summed"]  # NaN: never reached
