@@ -72,7 +72,7 @@ def timeline(warps):
 def summarize(blocks):
     """(variant, ranks, kernel, bytes) -> (blocks stamped, column -> median)."""
     table = {}
-    for key, stamped in sorted(blocks.items(), key=lambda item: tuple(map(str, item[0]))):
+    for key, stamped in sorted(blocks.items()):  # (variant, ranks, kernel, bytes): bytes by size
         rows = [timeline(warps) for warps in stamped.values()]
         table[key] = (len(rows), {c: statistics.median(r[c] for r in rows) for c in COLUMNS})
     return table
@@ -86,7 +86,7 @@ def main():
     with open(args.log) as f:
         table = summarize(read_blocks(f))
     unit = "us" if args.mhz else "cycles"
-    print(f"| variant | ranks | kernel | bytes | blocks | " + " | ".join(COLUMNS) + f" ({unit}) |")
+    print("| variant | ranks | kernel | bytes | blocks | " + " | ".join(COLUMNS) + f" ({unit}) |")
     print("|---" * (5 + len(COLUMNS)) + "|")
     for (variant, ranks, kernel, nbytes), (count, medians) in table.items():
         cells = [f"{v / args.mhz:.2f}" if args.mhz else f"{v:.0f}" for v in medians.values()]
