@@ -136,6 +136,89 @@ def test_the_timed_program_returns_only_each_rank_s_count_of_wrong_elements():
     assert re.search(r"ENTRY[^\n]*->\s*s32\[1\]", compiled), compiled[-2000:]
 
 
+def test_a_chain_of_rms_norm_calls_is_checked_at_its_ends():
+    """chained_to_count_ends: the first call's results against the wants,
+    the last call's against a reference of its own inputs: the roundings
+    in which the calls differ from an emulation of the whole chain are not
+    counted, a wrong first or last call is."""
+    import jax
+    import jax.numpy as jnp
+    from jax_ar.tools import timing, wrong_count
+
+    mesh = jax.make_mesh((1,), ("tp",), devices=jax.devices()[:1])
+    calls = []
+
+    def step_of(wrong_call):
+        def step(a):
+            calls.append(None)  # the chain is unrolled: this is call len(calls)
+            # Each call rounds its own way (as a kernel's float32 inverse
+            # RMS does against the host's float64): no emulation of the
+            # whole chain follows it, but each call is a * 0.75 + 1 within
+            # float32's rounding.
+            y = jax.lax.psum(a, "tp") * jnp.float32(0.75) + (1.0 + 2.0**-20 * len(calls))
+            return (y + 1.0 if len(calls) == wrong_call else y,)
+        return step
+
+    def own_reference(results, args):
+        return wrong_count.off_tolerance(results[0], args[0] * 0.75 + 1.0)
+
+    def first_against_wants(results, wants):
+        return wrong_count.off_tolerance(results[0], wants[0])
+
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("tp"))
+    x = jax.device_put(jnp.arange(64, dtype=jnp.float32), sharded)
+    first = jax.device_put(np.arange(64, dtype=np.float32) * 0.75 + 1.0,
+                           jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    chain = 40
+    for wrong_call, expected in ((0, 0), (1, 64), (chain, 64)):
+        calls.clear()
+        program = timing.chained_to_count_ends(step_of(wrong_call), mesh, "tp", chain,
+                                               first_against_wants, own_reference)
+        assert program(x, first).tolist() == [expected], wrong_call
+    # The same chain against an emulation of all 40 calls (what bench did):
+    # the calls' own roundings add up past the tolerance.
+    calls.clear()
+    program = timing.chained_to_count(step_of(0), mesh, "tp", chain, first_against_wants)
+    emulated = np.arange(64, dtype=np.float64)
+    for _ in range(chain):
+        emulated = emulated * 0.75 + 1.0
+    want = jax.device_put(emulated.astype(np.float32),
+                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    assert program(x, want).tolist()[0] > 0
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_device_reference_of_one_rms_norm_call_matches_the_host_emulation(dtype_name,
+                                                                                world):
+    """wrong_count.rms_norm_of (a chain's last call, from its own inputs,
+    every rank's x the same) against bench_data's float64 emulation of that
+    call: the residual_out bit for bit (16-bit data; float32 sums round),
+    out within one rounding, and a result off by a rank's share counted
+    wrong."""
+    import jax.numpy as jnp
+    from jax_ar.tools import wrong_count
+
+    tokens, hidden = 16, 256
+    x, residual, gamma = data.rms_norm_inputs(dtype_name, tokens, hidden, 0, world, seed=2)
+    # A later call's x: an earlier call's out, the same on every rank.
+    x = data.rms_norm_reference([x] * world, residual, gamma, 1e-6, 3)[0]
+    want_out, want_res = data.rms_norm_reference([x] * world, residual, gamma, 1e-6)
+    out, res = wrong_count.rms_norm_of(jnp.asarray(x), jnp.asarray(residual), jnp.asarray(gamma),
+                                       1e-6, world)
+    if dtype_name == "bfloat16":
+        assert data.count_wrong(np.asarray(res), want_res) == 0
+    assert int(wrong_count.off_tolerance(res, jnp.asarray(want_res))) == 0
+    rounding = data.ROUNDING[want_out.dtype.itemsize]
+    assert np.all(np.abs(np.asarray(out, np.float64) - want_out.astype(np.float64))
+                  <= rounding * (np.abs(want_out.astype(np.float64)) + 1.0))
+    assert int(wrong_count.off_tolerance(out, jnp.asarray(want_out))) == 0
+    # A sum that missed one rank's share.
+    short, _ = wrong_count.rms_norm_of(jnp.asarray(x), jnp.asarray(residual), jnp.asarray(gamma),
+                                       1e-6, world - 1)
+    assert int(wrong_count.off_tolerance(short, jnp.asarray(want_out))) > 0
+
+
 def run_cli(*args, timeout=300):
     env = dict(os.environ, JAX_AR_TIMEOUT_S="60")
     return subprocess.run([sys.executable, "-m", "jax_ar", *args], capture_output=True,

@@ -18,11 +18,13 @@ scaled by 2**-14 to make room; int32 sums wrap, which is exact).
 """
 from __future__ import annotations
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 
 __all__ = ["DTYPES", "ROUNDING", "ROUNDINGS", "UNSIGNED", "chain_length", "count_wrong",
-           "rank_values", "reference", "rms_norm_inputs", "rms_norm_reference",
+           "rank_values", "reference", "rms_norm_calls", "rms_norm_inputs", "rms_norm_reference",
            "rms_norm_wrong"]
 
 DTYPES = {
@@ -125,7 +127,11 @@ def count_wrong(got: np.ndarray, want: np.ndarray) -> int:
 # The chain feeds each call's normalized output back as the next partial sums
 # and its residual output as the next residual, like consecutive layers. The
 # normalization is not exact in any dtype, so the check is a tolerance
-# against a float64 emulation that rounds where the kernels round.
+# against a float64 emulation that rounds where the kernels round. It holds
+# for one call; along a chain a correct kernel and the emulation part by
+# a rounding here and there, which the residual stream keeps, so bench
+# checks a chain's first call against this and its last against that
+# call's own inputs (timing.chained_to_count_ends).
 
 def rms_norm_inputs(dtype_name: str, tokens: int, hidden: int, rank: int, world: int,
                     seed: int = 0):
@@ -138,20 +144,25 @@ def rms_norm_inputs(dtype_name: str, tokens: int, hidden: int, rank: int, world:
     return x, residual, gamma
 
 
-def rms_norm_reference(parts, residual, gamma, eps: float, chain: int):
-    """(out, residual_out) after `chain` chained fused calls, float64 with
-    rounding to the dtype after each call."""
+def rms_norm_calls(parts, residual, gamma, eps: float):
+    """(out, residual_out) of each call of the chain in turn, without end:
+    float64 with rounding to the dtype after each call."""
     dtype = residual.dtype
     summed = np.sum([p.astype(np.float64) for p in parts], axis=0)
     res = residual.astype(np.float64)
     g = gamma.astype(np.float64)
     world = len(parts)
-    for _ in range(chain):
+    while True:
         res = (summed + res).astype(dtype).astype(np.float64)
         rms = np.sqrt(np.mean(res * res, axis=-1, keepdims=True) + eps)
         out = (res / rms * g).astype(dtype)
         summed = out.astype(np.float64) * world  # every rank feeds back the same out
-    return out, res.astype(dtype)
+        yield out, res.astype(dtype)
+
+
+def rms_norm_reference(parts, residual, gamma, eps: float, chain: int = 1):
+    """(out, residual_out) after `chain` chained calls (rms_norm_calls)."""
+    return next(itertools.islice(rms_norm_calls(parts, residual, gamma, eps), chain - 1, None))
 
 
 # rms_norm_wrong's tolerance: ROUNDINGS roundings of the dtype (by its

@@ -43,6 +43,7 @@ from jax_ar import config as ar_config, selection  # noqa: E402
 from jax_ar.tools import bench_data as data, wrong_count  # noqa: E402
 from jax_ar.tools.baselines import lax_reduce, xla_rms_norm  # noqa: E402
 from jax_ar.tools.timing import (calibrate, calls_for, chained_to_count,  # noqa: E402
+                                 chained_to_count_ends,
                                  count_collectives, gather, launches_for, measure)
 
 
@@ -242,7 +243,8 @@ class Runner:
         """(program, its arguments, chain length, check(output) -> #wrong).
         The program's only output is each rank's count of wrong elements
         against the host's reference, taken on the device
-        (timing.chained_to_count says why); with --check 0 the reference is
+        (timing.chained_to_count says why; for rms_norm, the first and the
+        last call's: chained_to_count_ends); with --check 0 the reference is
         zeros and the count goes unread."""
         cfg, dtype_name, count = self.config, case["dtype"], case["count"]
         checked = cfg.get("check", True)
@@ -253,19 +255,26 @@ class Runner:
             inputs = [data.rms_norm_inputs(dtype_name, tokens, hidden, r, self.world, cfg["seed"])
                       for r in range(self.world)]
             x, residual, gamma = inputs[0]
+            # The first call against the host's emulation of it, the last
+            # against its own inputs (chained_to_count_ends says why).
             wants = (data.rms_norm_reference([inp[0] for inp in inputs], residual, gamma,
-                                             cfg["eps"], chain) if checked
+                                             cfg["eps"], 1) if checked
                      else (np.zeros_like(residual), np.zeros_like(residual)))
             args = (_global_input(self.mesh, (tokens, hidden), lambda r: inputs[r][0]),
                     _replicated(self.mesh, residual), _replicated(self.mesh, gamma),
                     *(_replicated(self.mesh, w) for w in wants))
 
-            def count_wrong(results, wants):  # out and residual_out; gamma only passes through
+            def off(results, wants):  # out and residual_out; gamma only passes through
                 return (wrong_count.off_tolerance(results[0], wants[0])
                         + wrong_count.off_tolerance(results[1], wants[1]))
 
-            program = chained_to_count(step, self.mesh, AXIS, chain, count_wrong, n_args=3,
-                                       n_wants=2)
+            def off_own_inputs(results, call_args):
+                if not checked:
+                    return 0
+                return off(results, wrong_count.rms_norm_of(*call_args, cfg["eps"], self.world))
+
+            program = chained_to_count_ends(step, self.mesh, AXIS, chain, off, off_own_inputs,
+                                            n_args=3, n_wants=2)
             return program, args, chain, _rank_count
         op = case["op"]
         chain = data.chain_length(op, dtype_name, self.world, calls_for(cfg, case["bytes"]))

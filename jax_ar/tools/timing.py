@@ -31,8 +31,9 @@ from jax.sharding import PartitionSpec as P
 
 from .. import _compat
 
-__all__ = ["calibrate", "calls_for", "chained", "chained_to_count", "count_collectives",
-           "device_time_per_call", "gather", "launches_for", "measure", "typical_spread"]
+__all__ = ["calibrate", "calls_for", "chained", "chained_to_count", "chained_to_count_ends",
+           "count_collectives", "device_time_per_call", "gather", "launches_for", "measure",
+           "typical_spread"]
 
 
 def calls_for(config: dict, nbytes: int) -> int:
@@ -88,6 +89,44 @@ def chained_to_count(step, mesh, axis: str, chain: int, count_wrong, n_args: int
         # Each rank's own count: varying over the axis, one element a rank.
         count = count_wrong(results, inputs[n_args:]) + 0 * jax.lax.axis_index(axis)
         return count.reshape(1)
+
+    in_specs = (P(axis),) + (P(),) * (n_args - 1) + (P(),) * n_wants
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(axis)))
+
+
+def chained_to_count_ends(step, mesh, axis: str, chain: int, count_first, count_last,
+                          n_args: int = 1, n_wants: int = 1):
+    """chained_to_count for a chain that no host emulation can follow: the
+    first call's results are counted against the wants (the host's
+    emulation of that one call), count_first(results, wants), and the last
+    call's against its own inputs, count_last(results, inputs) (a reference
+    taken on the device), both int32 scalars; chains of one call count the
+    first only. A call in between is checked only through the inputs it
+    leaves the next call: a mistake it makes alike on every rank goes
+    uncounted.
+
+    Why not the chain's end against the host's emulation of the whole
+    chain: where a call rounds (all_reduce_rms_norm: the inverse RMS in
+    float32, within 2 ulp, against the host's float64), a correct kernel
+    and the emulation differ by one rounding at a few elements, and a chain
+    that carries each call's residual_out on keeps those differences and
+    adds new ones. On one H100 (4 ranks, hidden 4096, bfloat16, 8 MB) the
+    fused kernels differed from the emulation at 69 elements after one
+    call and at 1,829 after 57, 12 of them beyond bench's tolerance (the
+    residual stream there near 300, whose rounding is 2); all_reduce then
+    rms_norm, whose inverse RMS is the host's formula, stayed within it
+    (docs/latency_log.md "forty-sixth push")."""
+    def body(*inputs):
+        args = inputs[:n_args]
+        results = step(*args)
+        count = count_first(results, inputs[n_args:])
+        for _ in range(chain - 1):
+            args = (_compat.pcast_to_varying(results[0], (axis,)),) + tuple(results[1:])
+            results = step(*args)
+        if chain > 1:
+            count = count + count_last(results, args)
+        # Each rank's own count: varying over the axis, one element a rank.
+        return (count + 0 * jax.lax.axis_index(axis)).reshape(1)
 
     in_specs = (P(axis),) + (P(),) * (n_args - 1) + (P(),) * n_wants
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(axis)))

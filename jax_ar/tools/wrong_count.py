@@ -4,7 +4,9 @@ bench and tune time a program whose only output is each rank's count of
 wrong elements (timing.chained_to_count), so the rules of the host checks
 (bench_data.count_wrong, bench_data.rms_norm_wrong) are written again here
 in jnp, with their constants; tests/test_tools_bench.py holds the two to
-the same counts.
+the same counts. rms_norm_of is the reference of a chain's last
+all_reduce_rms_norm call (timing.chained_to_count_ends), from that call's
+own inputs.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import jax.numpy as jnp
 
 from .bench_data import ROUNDING, ROUNDINGS, UNSIGNED
 
-__all__ = ["bits_differ", "off_tolerance"]
+__all__ = ["bits_differ", "off_tolerance", "rms_norm_of"]
 
 
 def bits_differ(got, want):
@@ -36,3 +38,20 @@ def off_tolerance(got, want):
     got32, want32 = got.astype(jnp.float32), want.astype(jnp.float32)
     tolerance = ROUNDINGS * ROUNDING[jnp.dtype(want.dtype).itemsize] * (jnp.abs(want32) + 1.0)
     return jnp.sum(~(jnp.abs(got32 - want32) <= tolerance), dtype=jnp.int32)
+
+
+def rms_norm_of(x, residual, gamma, eps: float, world: int):
+    """(out, residual_out) of one all_reduce_rms_norm call whose x is the
+    same on every rank (a chain's later calls take the previous out), in
+    float32 on the device: bench_data.rms_norm_reference's one call, with
+    the sum over ranks as world * x. The residual_out is exact where the
+    sum is (16-bit data: world * x + residual fits float32's 24 bits); out
+    differs from a kernel's by the inverse RMS's rounding, far inside
+    off_tolerance. Should the ranks' x differ (a kernel that left them
+    apart), each rank's reference is its own x's, which the call's sum over
+    ranks does not match."""
+    dtype = residual.dtype
+    res = (world * x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(dtype)
+    wide = res.astype(jnp.float32)
+    inverse_rms = jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + eps)
+    return (wide * inverse_rms * gamma.astype(jnp.float32)).astype(dtype), res
