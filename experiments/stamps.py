@@ -2,9 +2,10 @@
 
     python3 experiments/stamps.py LOG [--mhz SM_CLOCK]
 
-fstamp.patch (a diagnostic, never on main) has lane 0 of every warp of a
-launch's first blocks read the SM's clock at six places of the one-shot
-all_reduce and the fused one-shot, in one launch of 8192, and print them:
+fstamp.patch (a diagnostic, never on main; in git history, 3f4dcfa's
+experiments/) has lane 0 of every warp of a launch's first blocks read the
+SM's clock at six places of the one-shot all_reduce and the fused
+one-shot, in one launch of 8192, and print them:
 
     [rank 0] stamp fused rank 0 launch 4000 block 0 warp 3 of 16 bytes 524288: t0 ... t5
 

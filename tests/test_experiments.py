@@ -1,5 +1,8 @@
-"""experiments/pick.py: which kernel variant of a device A/B lands; and
-experiments/sass_size.py: the kernels' machine code, counted."""
+"""experiments/pick.py: which kernel variant of a device A/B lands;
+experiments/sass_size.py: the kernels' machine code, counted;
+experiments/stamps.py: a stamped launch's timeline; and
+experiments/chain_drift.py: a chain of fused calls against bench's
+emulation, call by call."""
 import importlib.util
 import json
 import os
@@ -141,3 +144,23 @@ def test_stamps_reads_each_block_from_its_earliest_start():
     count, all_reduce = table[("fstamp", 2, "all_reduce", 524288)]
     assert count == 1 and all_reduce["last in"] == 400 and all_reduce["tail"] == 100
     assert all_reduce["summed"] != all_reduce["summed"]  # NaN: never reached
+
+
+def test_chain_drift_follows_the_chain_call_by_call(tmp_path):
+    """experiments/chain_drift.py in two ranks, a few calls: each variant's
+    outputs against bench_data's emulation after as many calls, none of
+    them off the tolerance, and one JSON line for every call where a
+    variant differs from it at all."""
+    out = tmp_path / "drift.jsonl"
+    env = dict(os.environ, JAX_AR_TIMEOUT_S="60")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jax_ar", "launch", "-n", "2", "--timeout", "240",
+         os.path.join(ROOT, "experiments", "chain_drift.py"), "--hidden", "256", "--bytes", "8K",
+         "--chain", "4", "--variants", "fused_twoshot,pair", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for variant in ("fused_twoshot", "pair"):
+        assert f"{variant}: first call off the tolerance: none of 4" in proc.stdout, proc.stdout
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(line["off_out"] == line["off_residual"] == 0 and line["differ"] > 0
+               and 1 <= line["call"] <= 4 for line in lines), lines
