@@ -35,6 +35,7 @@ from jax_ar.tools import bench_data as data
 
 AXIS = "tp"
 WORST = 8
+VARIANTS = ("fused_oneshot", "fused_twoshot", "pair")
 
 
 def parse_bytes(text: str) -> int:
@@ -69,16 +70,23 @@ def main() -> None:
     p.add_argument("--workspace-bytes", type=int, default=64 << 20)
     p.add_argument("--json", default=None)
     ns = p.parse_args()
+    variants = ns.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if ns.dtype not in data.DTYPES or ns.chain < 1:
+        p.error(f"--dtype one of {', '.join(data.DTYPES)}; --chain at least 1")
 
     mesh = jax.make_mesh((jax.device_count(),), (AXIS,))
     world = mesh.devices.size
     jax_ar.setup(mesh, AXIS, workspace_bytes=ns.workspace_bytes)
     dtype = data.DTYPES[ns.dtype]
     tokens = parse_bytes(ns.bytes) // (ns.hidden * np.dtype(dtype).itemsize)
+    if tokens < 1:
+        p.error(f"--bytes {ns.bytes}: less than one row of --hidden {ns.hidden}")
     inputs = [data.rms_norm_inputs(ns.dtype, tokens, ns.hidden, r, world, ns.seed)
               for r in range(world)]
     _, residual0, gamma = inputs[0]
-    variants = ns.variants.split(",")
     rank0 = jax.process_index() == 0
 
     position = {d: r for r, d in enumerate(mesh.devices.flat)}
