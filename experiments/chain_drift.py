@@ -32,15 +32,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_ar
 from jax_ar.tools import bench_data as data
+from jax_ar.tools.sweep import parse_size
 
 AXIS = "tp"
 WORST = 8
 VARIANTS = ("fused_oneshot", "fused_twoshot", "pair")
-
-
-def parse_bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def step_of(variant: str, eps: float):
@@ -61,13 +57,14 @@ def step_of(variant: str, eps: float):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--bytes", default="8M", help="bytes of x a rank (tokens * hidden * itemsize)")
+    p.add_argument("--bytes", type=parse_size, default="8M",
+                   help="bytes of x a rank (tokens * hidden * itemsize; K, M, G binary)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--chain", type=int, default=300)
     p.add_argument("--eps", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default="fused_twoshot,pair")
-    p.add_argument("--workspace-bytes", type=int, default=64 << 20)
+    p.add_argument("--workspace-bytes", type=parse_size, default="64M")
     p.add_argument("--json", default=None)
     ns = p.parse_args()
     variants = ns.variants.split(",")
@@ -81,7 +78,7 @@ def main() -> None:
     world = mesh.devices.size
     jax_ar.setup(mesh, AXIS, workspace_bytes=ns.workspace_bytes)
     dtype = data.DTYPES[ns.dtype]
-    tokens = parse_bytes(ns.bytes) // (ns.hidden * np.dtype(dtype).itemsize)
+    tokens = ns.bytes // (ns.hidden * np.dtype(dtype).itemsize)
     if tokens < 1:
         p.error(f"--bytes {ns.bytes}: less than one row of --hidden {ns.hidden}")
     inputs = [data.rms_norm_inputs(ns.dtype, tokens, ns.hidden, r, world, ns.seed)
@@ -123,10 +120,10 @@ def main() -> None:
             out, residual_out = got[v]
             differ = int(np.count_nonzero(out != want_out)) + int(
                 np.count_nonzero(residual_out != want_res))
-            off_out = data.rms_norm_wrong(out, want_out)
-            off_res = data.rms_norm_wrong(residual_out, want_res)
             if not differ:
                 continue
+            off_out = data.rms_norm_wrong(out, want_out)
+            off_res = data.rms_norm_wrong(residual_out, want_res)
             line = {"variant": v, "call": call, "differ": differ, "off_out": off_out,
                     "off_residual": off_res, "ranks": world, "hidden": ns.hidden,
                     "tokens": tokens, "dtype": ns.dtype}

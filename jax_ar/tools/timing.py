@@ -84,14 +84,10 @@ def chained_to_count(step, mesh, axis: str, chain: int, count_wrong, n_args: int
     and 5.8 with the count alone, whose chain stays in the temporary
     buffer, as a model's layers' values do (one H100 under MPS, 2026-12-06,
     docs/latency_log.md "thirty-seventh push")."""
-    def body(*inputs):
-        results = _run_chain(step, axis, chain, inputs[:n_args])
-        # Each rank's own count: varying over the axis, one element a rank.
-        count = count_wrong(results, inputs[n_args:]) + 0 * jax.lax.axis_index(axis)
-        return count.reshape(1)
+    def count(args, wants):
+        return count_wrong(_run_chain(step, axis, chain, args), wants)
 
-    in_specs = (P(axis),) + (P(),) * (n_args - 1) + (P(),) * n_wants
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(axis)))
+    return _count_program(count, mesh, axis, n_args, n_wants)
 
 
 def chained_to_count_ends(step, mesh, axis: str, chain: int, count_first, count_last,
@@ -116,17 +112,26 @@ def chained_to_count_ends(step, mesh, axis: str, chain: int, count_first, count_
     residual stream there near 300, whose rounding is 2); all_reduce then
     rms_norm, whose inverse RMS is the host's formula, stayed within it
     (docs/latency_log.md "forty-sixth push")."""
-    def body(*inputs):
-        args = inputs[:n_args]
+    def count(args, wants):
         results = step(*args)
-        count = count_first(results, inputs[n_args:])
+        wrong = count_first(results, wants)
         for _ in range(chain - 1):
             args = (_compat.pcast_to_varying(results[0], (axis,)),) + tuple(results[1:])
             results = step(*args)
-        if chain > 1:
-            count = count + count_last(results, args)
+        return wrong + count_last(results, args) if chain > 1 else wrong
+
+    return _count_program(count, mesh, axis, n_args, n_wants)
+
+
+def _count_program(count, mesh, axis: str, n_args: int, n_wants: int):
+    """jit(shard_map) of count(args, wants) -> int32 scalar, returning each
+    rank's count as one element of an int32 [world] sharded over `axis`;
+    the first argument is sharded over `axis`, the other arguments and the
+    wants replicated."""
+    def body(*inputs):
         # Each rank's own count: varying over the axis, one element a rank.
-        return (count + 0 * jax.lax.axis_index(axis)).reshape(1)
+        wrong = count(inputs[:n_args], inputs[n_args:]) + 0 * jax.lax.axis_index(axis)
+        return wrong.reshape(1)
 
     in_specs = (P(axis),) + (P(),) * (n_args - 1) + (P(),) * n_wants
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(axis)))
