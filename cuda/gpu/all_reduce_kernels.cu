@@ -44,6 +44,7 @@
 #include <type_traits>
 
 #include "gpu/kernels.h"
+#include "gpu/load_kernels.h"
 #include "gpu/numeric.cuh"
 #include "gpu/packets.cuh"
 
@@ -530,30 +531,23 @@ cudaError_t WriteLocalControl(int slot, const LocalControl& value, cudaStream_t 
 }
 
 cudaError_t LoadKernels() {
-  cudaFuncAttributes attributes;
-  for (const void* kernel : {
-           reinterpret_cast<const void*>(OneShotKernel<kMaxSegmentsPerLaunch>),
-           reinterpret_cast<const void*>(TwoShotLLKernel<kMaxSegmentsPerLaunch>),
-           reinterpret_cast<const void*>(TwoShotKernel<1>),
-           reinterpret_cast<const void*>(TwoShotKernel<kMaxSegmentsPerLaunch>),
-           reinterpret_cast<const void*>(ProbeKernel)}) {
-    if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
-      return err;
-    }
+  if (const cudaError_t err =
+          LoadEach(OneShotKernel<kMaxSegmentsPerLaunch>, TwoShotLLKernel<kMaxSegmentsPerLaunch>,
+                   TwoShotKernel<1>, TwoShotKernel<kMaxSegmentsPerLaunch>, ProbeKernel);
+      err != cudaSuccess) {
+    return err;
   }
   for (const OneShotPartKernel& k : kOneShotPartKernels) {
-    const cudaError_t err =
-        cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k.kernel));
-    if (err != cudaSuccess) return err;
+    if (const cudaError_t err = LoadEach(k.kernel); err != cudaSuccess) return err;
   }
   for (Dtype d : {Dtype::kF32, Dtype::kBF16, Dtype::kF16, Dtype::kS32}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
-      for (OneArrayKernel k : {TypedKernel<OneShotOf>(d, static_cast<int>(op)),
-                               TypedKernel<OneShotWideOf>(d, static_cast<int>(op)),
-                               TypedKernel<TwoShotLLOf>(d, static_cast<int>(op)),
-                               TypedKernel<TwoShotLLWideOf>(d, static_cast<int>(op))}) {
-        const cudaError_t err = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k));
-        if (err != cudaSuccess) return err;
+      const int o = static_cast<int>(op);
+      if (const cudaError_t err =
+              LoadEach(TypedKernel<OneShotOf>(d, o), TypedKernel<OneShotWideOf>(d, o),
+                       TypedKernel<TwoShotLLOf>(d, o), TypedKernel<TwoShotLLWideOf>(d, o));
+          err != cudaSuccess) {
+        return err;
       }
     }
   }

@@ -33,6 +33,7 @@
 
 #include "gpu/fused_norm_row.cuh"
 #include "gpu/kernels.h"
+#include "gpu/load_kernels.h"
 #include "gpu/packets.cuh"
 
 namespace jax_ar::gpu {
@@ -609,33 +610,27 @@ cudaError_t LaunchResidual(Algorithm algorithm, const RmsNormLaunchArgs& args, i
   return LaunchPostNorm<D, D>(algorithm, args, blocks, threads, vectors_per_thread, stream);
 }
 
+// The one-shot kernels of one OutKind: those LaunchTyped takes.
+template <Dtype D, Dtype R, bool kPostNorm, OutKind kOut>
+cudaError_t LoadOneShot() {
+  return LoadEach(OneShotRmsNormKernel<D, R, kPostNorm, 1, false, kOut>,
+                  OneShotRmsNormKernel<D, R, kPostNorm, 2, false, kOut>,
+                  OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false, kOut>,
+                  OneShotRmsNormKernel<D, R, kPostNorm, 1, true, kOut>);
+}
+
 template <Dtype D, Dtype R, bool kPostNorm>
 cudaError_t LoadVariant() {
-  constexpr OutKind kPlain = OutKind::kPlain;
-  constexpr OutKind kFp8 = OutKind::kFp8;
-  cudaFuncAttributes attributes;
-  const void* kernels[] = {
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, false, kPlain>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, false, kPlain>),
-      reinterpret_cast<const void*>(
-          OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false, kPlain>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, true, kPlain>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, false, kFp8>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 2, false, kFp8>),
-      reinterpret_cast<const void*>(
-          OneShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread, false, kFp8>),
-      reinterpret_cast<const void*>(OneShotRmsNormKernel<D, R, kPostNorm, 1, true, kFp8>),
-      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 1>),
-      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, 2>),
-      reinterpret_cast<const void*>(TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>),
-      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 1, false>),
-      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 2, false>),
-      reinterpret_cast<const void*>(TwoShotLLRmsNormKernel<D, R, kPostNorm, 1, true>),
-  };
-  for (const void* kernel : kernels) {
-    if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
-      return err;
-    }
+  for (const cudaError_t err :
+       {LoadOneShot<D, R, kPostNorm, OutKind::kPlain>(),
+        LoadOneShot<D, R, kPostNorm, OutKind::kFp8>(),
+        LoadEach(TwoShotRmsNormKernel<D, R, kPostNorm, 1>,
+                 TwoShotRmsNormKernel<D, R, kPostNorm, 2>,
+                 TwoShotRmsNormKernel<D, R, kPostNorm, kMaxVectorsPerThread>,
+                 TwoShotLLRmsNormKernel<D, R, kPostNorm, 1, false>,
+                 TwoShotLLRmsNormKernel<D, R, kPostNorm, 2, false>,
+                 TwoShotLLRmsNormKernel<D, R, kPostNorm, 1, true>)}) {
+    if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }

@@ -2,6 +2,7 @@
 // of the all-reduce's protocol to the previous stage, in one block.
 #include <cuda_runtime.h>
 
+#include "gpu/load_kernels.h"
 #include "gpu/packets.cuh"
 #include "gpu/protocol_probe.h"
 
@@ -43,16 +44,8 @@ cudaError_t LaunchProtocolProbe(ProbeStage stage, const ProtocolArgs& args, cuda
 }
 
 cudaError_t LoadProtocolProbeKernels() {
-  cudaFuncAttributes attributes;
-  for (const void* kernel : {reinterpret_cast<const void*>(EmptyKernel),
-                             reinterpret_cast<const void*>(StageKernel<ProbeStage::kLaunch>),
-                             reinterpret_cast<const void*>(StageKernel<ProbeStage::kHeader>),
-                             reinterpret_cast<const void*>(StageKernel<ProbeStage::kPacket>)}) {
-    if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
-      return err;
-    }
-  }
-  return cudaSuccess;
+  return LoadEach(EmptyKernel, StageKernel<ProbeStage::kLaunch>, StageKernel<ProbeStage::kHeader>,
+                  StageKernel<ProbeStage::kPacket>);
 }
 
 }  // namespace jax_ar::gpu

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/launch_protocol.cuh"
+#include "gpu/load_kernels.h"
 #include "gpu/numeric.cuh"
 #include "gpu/reduce_scatter_all_gather.h"
 
@@ -186,14 +187,7 @@ cudaError_t LaunchAllGather(const ChunkLaunchArgs& args, int blocks, cudaStream_
 }
 
 cudaError_t LoadReduceScatterAllGatherKernels() {
-  cudaFuncAttributes attributes;
-  for (const void* kernel : {reinterpret_cast<const void*>(ReduceScatterKernel),
-                             reinterpret_cast<const void*>(AllGatherKernel)}) {
-    if (const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
-      return err;
-    }
-  }
-  return cudaSuccess;
+  return LoadEach(ReduceScatterKernel, AllGatherKernel);
 }
 
 }  // namespace jax_ar::gpu
