@@ -131,6 +131,13 @@ __device__ __forceinline__ void AddBias(const RmsNormLaunchArgs& a, int group, i
   for (int j = 0; j < kLanes; ++j) t[j] = __fadd_rn(t[j], b[j]);
 }
 
+// Which of its block's rows at once this thread works on: threadIdx.x /
+// threads_per_row (a power of two) by a shift; a 32-bit division is some
+// twenty instructions, which the row sum waited for after the last packet.
+__device__ __forceinline__ int RowInBlock(int threads_per_row) {
+  return static_cast<int>(threadIdx.x) >> (__ffs(threads_per_row) - 1);
+}
+
 // This thread's place among its row's threads: within its block, or, where
 // a row spans a cluster of blocks (kCluster), within the cluster (block r
 // holds threads r * blockDim.x ... of the row). kCluster is a template
@@ -196,7 +203,7 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
     all_served = served;  // one row a cluster, whose blocks add the same sums alike
   } else {
     const float total =
-        RowSumOfVectors</*kPartialsReused=*/false>(sums, tpr, lane, threadIdx.x / tpr,
+        RowSumOfVectors</*kPartialsReused=*/false>(sums, tpr, lane, RowInBlock(tpr),
                                                    scratch->sums);
     served = FloatInverseRms(total, hidden, a.eps, inv);
     // Rows within a warp decide by warp; wider rows by block, whose barrier
@@ -219,7 +226,7 @@ __device__ __forceinline__ float InverseRmsOfRow(const RmsNormLaunchArgs& a,
   if constexpr (kCluster) {
     total = ClusterRowSumWide(wide[0], tpr, lane, scratch[nth]);
   } else {
-    total = RowSumOfVectors</*kPartialsReused=*/true>(wide, tpr, lane, threadIdx.x / tpr,
+    total = RowSumOfVectors</*kPartialsReused=*/true>(wide, tpr, lane, RowInBlock(tpr),
                                                       scratch->wide);
   }
   return served ? inv : InverseRmsOfSumOfSquares(total, static_cast<size_t>(hidden), a.eps);

@@ -66,7 +66,11 @@ template <typename T>
 __device__ __forceinline__ T WarpSum(T value, int width) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    if (offset < width) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    // Every level shuffles and only the add depends on the width: a
+    // shuffle under a branch on a width known at run time (RowSum's) cost
+    // a branch and a convergence check a level after the last packet.
+    const T other = __shfl_xor_sync(0xffffffffu, value, offset);
+    if (offset < width) value += other;
   }
   return value;
 }
