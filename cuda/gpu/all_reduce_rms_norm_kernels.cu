@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   // so the two round trips overlap (as in the all-reduce one-shot).
   uint4 first_row[kVectors];
   {
-    const int64_t row = first_base + threadIdx.x / tpr;
+    const int64_t row = first_base + RowInBlock(tpr);
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   // Every row of this block goes out before the first wait: a block with
   // several rows then waits for one exchange, not one per row.
   for (int64_t base = first_base; live && base < a.rows; base += base_stride) {
-    const int64_t row = base + threadIdx.x / tpr;
+    const int64_t row = base + RowInBlock(tpr);
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       const int i = lane + k * tpr;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) OneShotRmsNormKe
   if constexpr (kCluster) ClusterWait();
   int turn = 0;
   for (int64_t base = first_base; base < a.rows; base += base_stride, ++turn) {
-    const int64_t row = base + threadIdx.x / tpr;
+    const int64_t row = base + RowInBlock(tpr);
     const bool active = row < a.rows;
     uint4 mine[kVectors];
 #pragma unroll
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
   Waiter waiter(a, ctx.launch);
   const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
   const int tpr = a.threads_per_row;
-  const int lane = threadIdx.x % tpr;
+  const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
   const int rows_at_once = blockDim.x / tpr;
   const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
   const uint64_t residual_row_bytes = ResidualRowBytes<D, R>(a);
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
   for (int step = 1; step < a.world; ++step) {
     const int peer = PeerAfter(a, step);
     for (int64_t base = lo; base < hi; base += rows_at_once) {
-      const int64_t group_row = base + threadIdx.x / tpr;
+      const int64_t group_row = base + RowInBlock(tpr);
       const int64_t row = peer * a.group_rows + group_row;
       if (group_row >= hi || row >= a.rows) continue;
       for (int i = lane; i < a.row_vectors; i += tpr) {
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
   // outputs and to slot `rank` of every peer's phase-1 area.
   if (ok) {
     for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: InverseRmsOfRow syncs
-      const int64_t group_row = base + threadIdx.x / tpr;
+      const int64_t group_row = base + RowInBlock(tpr);
       const int64_t row = a.rank * a.group_rows + group_row;
       const bool active = group_row < hi && row < a.rows;
       NormalizeReducedRow<D, R, kPostNorm, kVectors, /*kCluster=*/false,
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
       const int owner = PeerAfter(a, step);
       const std::byte* src = phase1(a.rank, owner);
       for (int64_t base = lo; base < hi; base += rows_at_once) {
-        const int64_t group_row = base + threadIdx.x / tpr;
+        const int64_t group_row = base + RowInBlock(tpr);
         const int64_t row = owner * a.group_rows + group_row;
         if (group_row >= hi || row >= a.rows) continue;
         for (int w = lane; w < residual_row_words; w += tpr) {
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
     const int peer = PeerAfter(a, step);
     LLPacket* theirs = PacketSlot(a, peer, parity, a.slot_bytes, a.rank);
     for (int64_t base = lo; base < hi; base += rows_at_once) {
-      const int64_t g = base + threadIdx.x / tpr;
+      const int64_t g = base + RowInBlock(tpr);
       const int64_t row = peer * a.group_rows + g;
       if (g >= hi || row >= a.rows) continue;  // rows past the last are never reduced
 #pragma unroll
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
   if constexpr (kCluster) ClusterWait();
   bool ok = live;
   for (int64_t base = lo; base < hi; base += rows_at_once) {  // uniform: the row sums sync
-    const int64_t g = base + threadIdx.x / tpr;
+    const int64_t g = base + RowInBlock(tpr);
     const int64_t row = a.rank * a.group_rows + g;
     const bool active = g < hi && row < a.rows;
     uint4 mine[kVectors];
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotLLRmsNorm
   const LLPacket* outputs = PacketSlot(a, a.rank, parity, a.slot_bytes, 0, phase1);
   const int hidden = a.row_vectors * kLanes;
   for (int64_t base = lo; base < hi && ok; base += rows_at_once) {
-    const int64_t g = base + threadIdx.x / tpr;
+    const int64_t g = base + RowInBlock(tpr);
     if (g >= hi) continue;
     for (int first = 0; first < a.world && ok; first += kPhase1RanksInFlight) {
       RankBatch<kPhase1RanksInFlight> inverse;

@@ -134,6 +134,7 @@ __device__ __forceinline__ void AddBias(const RmsNormLaunchArgs& a, int group, i
 // Which of its block's rows at once this thread works on: threadIdx.x /
 // threads_per_row (a power of two) by a shift; a 32-bit division is some
 // twenty instructions, which the row sum waited for after the last packet.
+// The lane within the row (RowLane) is a mask for the same reason.
 __device__ __forceinline__ int RowInBlock(int threads_per_row) {
   return static_cast<int>(threadIdx.x) >> (__ffs(threads_per_row) - 1);
 }
@@ -147,7 +148,7 @@ __device__ __forceinline__ int RowLane(const RmsNormLaunchArgs& a) {
   if constexpr (kCluster) {
     return static_cast<int>(blockIdx.x % a.blocks_per_row * blockDim.x + threadIdx.x);
   } else {
-    return static_cast<int>(threadIdx.x) % a.threads_per_row;
+    return static_cast<int>(threadIdx.x) & (a.threads_per_row - 1);
   }
 }
 
