@@ -22,6 +22,12 @@ warp's packets in; the last warp past the row sum; the last warp's end;
 and the tail, the end less the last packet in: what a launch spends after
 its data arrived. Cycles, or microseconds with --mhz (the SM clock ab.sh
 writes to gpu.txt).
+
+tstamp.patch (fstamp's stamps, and a line a turn) also prints, for each of
+the first four turns of a thread that takes rows (fused) or vectors
+(all_reduce) in turns, a line of kernel "KERNEL_tT" whose t1 is the turn's
+start, t2 its last packet in and t3 its row sum (its stored result); t0,
+t4 and t5 are the launch's. Their "sent" column is then the turn's start.
 """
 from __future__ import annotations
 

@@ -132,6 +132,9 @@ def test_stamps_reads_each_block_from_its_earliest_start():
         "[rank 0] per call: something else",
         "[rank 0] stamp all_reduce rank 0 launch 4000 block 1 warp 0 of 1 bytes 524288: "
         "500 600 900 0 950 1000",
+        # tstamp's line for a turn: t1 to t3 are the turn's
+        "[rank 0] stamp fused_t1 rank 0 launch 4000 block 0 warp 0 of 1 bytes 524288: "
+        "1000 1700 2100 2250 2350 2400",
     ]
     stamps = load_experiment("stamps")
     table = stamps.summarize(stamps.read_blocks(log))
@@ -144,6 +147,9 @@ def test_stamps_reads_each_block_from_its_earliest_start():
     count, all_reduce = table[("fstamp", 2, "all_reduce", 524288)]
     assert count == 1 and all_reduce["last in"] == 400 and all_reduce["tail"] == 100
     assert all_reduce["summed"] != all_reduce["summed"]  # NaN: never reached
+    count, turn = table[("fstamp", 2, "fused_t1", 524288)]
+    assert count == 1 and turn["sent"] == 700 and turn["last in"] == 1100
+    assert turn["summed"] == 1250 and turn["tail"] == 300
 
 
 def test_chain_drift_follows_the_chain_call_by_call(tmp_path):
