@@ -22,7 +22,18 @@ import subprocess
 from collections import defaultdict
 
 INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
-BUILD_HASH = re.compile(r"\d+_GLOBAL__N__\w+?_cu_[0-9a-f]{8}")
+# An anonymous namespace mangles as LENGTH_GLOBAL__N__..., where the
+# LENGTH characters carry the build's hash and the file's name and end in
+# eight characters that are a hash or, in some files, part of a symbol's
+# name (rms_norm.cu's "kRmsNorm"): the length says where it ends.
+ANONYMOUS_NAMESPACE = re.compile(r"(\d+)(?=_GLOBAL__N__)")
+
+
+def without_build_hash(name: str) -> str:
+    """`name` with its anonymous namespaces left out."""
+    while (match := ANONYMOUS_NAMESPACE.search(name)) is not None:
+        name = name[:match.start()] + name[match.end() + int(match.group(1)):]
+    return name
 
 
 def kernel_counts(sass: str) -> dict[str, dict[str, int]]:
@@ -32,7 +43,7 @@ def kernel_counts(sass: str) -> dict[str, dict[str, int]]:
     for line in sass.splitlines():
         header = re.search(r"Function : (\S+)", line)
         if header:
-            current = counts.setdefault(BUILD_HASH.sub("", header.group(1)),
+            current = counts.setdefault(without_build_hash(header.group(1)),
                                         defaultdict(int))
             continue
         match = INSTRUCTION.match(line) if current is not None else None

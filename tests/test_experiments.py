@@ -104,6 +104,8 @@ SASS = """
 \t\t..........
 \t\tFunction : _ZN6jax_ar3gpu63_GLOBAL__N__9f00aa11_30_all_reduce_rms_norm_kernels_cu_01c2d3e413TwoShotKernelEv
         /*0000*/                   EXIT ;                                  /* 0x000000000000794d */
+\t\tFunction : _ZN6jax_ar3gpu44_GLOBAL__N__7bb856bc_11_rms_norm_cu_kRmsNorm13RmsNormKernelEv
+        /*0000*/                   EXIT ;                                  /* 0x000000000000794d */
 """
 
 
@@ -113,6 +115,7 @@ def test_sass_size_counts_each_kernel_and_drops_the_build_hash():
         "_ZN6jax_ar3gpu20OneShotRmsNormKernelILb0EEEvv":
             {"instructions": 8, "barriers": 2, "double": 2, "calls": 1},
         "_ZN6jax_ar3gpu13TwoShotKernelEv": {"instructions": 1},
+        "_ZN6jax_ar3gpu13RmsNormKernelEv": {"instructions": 1},
     }
 
 
