@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(FusedMaxThreads(kVectors), 1) TwoShotRmsNormKe
   Waiter waiter(a, ctx.launch);
   const float scale = a.quantize ? __ldg(a.scale) : 1.0f;
   const int tpr = a.threads_per_row;
-  const int lane = static_cast<int>(threadIdx.x) & (tpr - 1);
+  const int lane = RowLane</*kCluster=*/false>(a);
   const int rows_at_once = blockDim.x / tpr;
   const uint64_t row_bytes = static_cast<uint64_t>(a.row_vectors) * 16;
   const uint64_t residual_row_bytes = ResidualRowBytes<D, R>(a);
