@@ -28,6 +28,11 @@ the first four turns of a thread that takes rows (fused) or vectors
 (all_reduce) in turns, a line of kernel "KERNEL_tT" whose t1 is the turn's
 start, t2 its last packet in and t3 its row sum (its stored result); t0,
 t4 and t5 are the launch's. Their "sent" column is then the turn's start.
+With --turns it prints instead, for those launches, each warp's own times
+(medians over warps, ranks, launches and blocks): from a turn's start to
+its last packet in, from there to its row sum, and from its row sum to the
+next turn's start (the last turn: to the launch's end), so that a turn's
+cost is not read across warps that started apart.
 """
 from __future__ import annotations
 
@@ -85,14 +90,49 @@ def summarize(blocks):
     return table
 
 
+def warp_turns(lines):
+    """(variant, ranks, kernel, bytes, turn) -> (to last packet, to row sum,
+    to next) in cycles, medians over every stamped warp's own turn."""
+    turns = defaultdict(dict)
+    for key, stamped in read_blocks(lines).items():
+        variant, ranks, kernel, nbytes = key
+        if "_t" not in kernel:
+            continue
+        base, turn = kernel.rsplit("_t", 1)
+        for (rank, launch, block), warps in stamped.items():
+            for warp, times in warps.items():
+                turns[(variant, ranks, base, nbytes, rank, launch, block, warp)][int(turn)] = times
+    spans = defaultdict(list)
+    for key, by_turn in turns.items():
+        for turn, t in by_turn.items():
+            if 0 in t[1:4]:
+                continue
+            after = by_turn[turn + 1][1] if turn + 1 in by_turn else t[5]
+            spans[key[:4] + (turn,)].append((t[2] - t[1], t[3] - t[2], after - t[3]))
+    return {key: tuple(statistics.median(s[i] for s in rows) for i in range(3))
+            for key, rows in sorted(spans.items())}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log")
     parser.add_argument("--mhz", type=float, help="SM clock: print microseconds, not cycles")
+    parser.add_argument("--turns", action="store_true",
+                        help="each warp's own turn times (tstamp's turn lines)")
     args = parser.parse_args()
+    unit = "us" if args.mhz else "cycles"
+    if args.turns:
+        with open(args.log) as f:
+            spans = warp_turns(f)
+        print(f"| variant | ranks | kernel | bytes | turn | start to last packet | to row sum "
+              f"| to next turn or end ({unit}) |")
+        print("|---" * 8 + "|")
+        for (variant, ranks, kernel, nbytes, turn), values in spans.items():
+            cells = [f"{v / args.mhz:.2f}" if args.mhz else f"{v:.0f}" for v in values]
+            print(f"| {variant} | {ranks} | {kernel} | {nbytes} | {turn} | " + " | ".join(cells) + " |")
+        return
     with open(args.log) as f:
         table = summarize(read_blocks(f))
-    unit = "us" if args.mhz else "cycles"
     print("| variant | ranks | kernel | bytes | blocks | " + " | ".join(COLUMNS) + f" ({unit}) |")
     print("|---" * (5 + len(COLUMNS)) + "|")
     for (variant, ranks, kernel, nbytes), (count, medians) in table.items():

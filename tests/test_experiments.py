@@ -155,6 +155,29 @@ def test_stamps_reads_each_block_from_its_earliest_start():
     assert turn["summed"] == 1250 and turn["tail"] == 300
 
 
+def test_stamps_turns_are_each_warps_own():
+    # tstamp's turn lines of one fused block, two warps that started their
+    # turns apart; t1 start, t2 last packet in, t3 row sum, t5 the launch's end.
+    def line(turn, warp, t):
+        return (f"[rank 0] stamp fused_t{turn} rank 0 launch 4000 block 0 warp {warp} of 2 "
+                f"bytes 1048576: " + " ".join(str(v) for v in t))
+    log = [
+        "===== tstamp, 2 ranks (06:00:00): --bytes 1M",
+        line(0, 0, [0, 100, 300, 400, 900, 1000]),
+        line(1, 0, [0, 500, 800, 850, 900, 1000]),
+        line(0, 1, [0, 200, 600, 650, 900, 1100]),
+        line(1, 1, [0, 700, 760, 1000, 900, 1100]),
+        # a turn whose row sum was never stamped: left out
+        line(2, 1, [0, 1050, 1060, 0, 900, 1100]),
+    ]
+    spans = load_experiment("stamps").warp_turns(log)
+    # warp 0: turn 0 200 / 100 / 100 (to turn 1's start), turn 1 300 / 50 / 150 (to the end);
+    # warp 1: turn 0 400 / 50 / 50, turn 1 60 / 240 / 50 (to turn 2's start, 1050)
+    assert spans[("tstamp", 2, "fused", 1048576, 0)] == (300, 75, 75)
+    assert spans[("tstamp", 2, "fused", 1048576, 1)] == (180, 145, 100)
+    assert ("tstamp", 2, "fused", 1048576, 2) not in spans
+
+
 def test_chain_drift_follows_the_chain_call_by_call(tmp_path):
     """experiments/chain_drift.py in two ranks, a few calls: each variant's
     outputs against bench_data's emulation after as many calls, none of
