@@ -29,6 +29,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import os
 import shlex
 import sys
@@ -108,10 +109,10 @@ def fit_curve(points) -> CostCurve:
     values = _non_decreasing(values)
     segments = [Segment(int(knots[0]), float(values[0]), 0.0)]
     for j in range(len(knots) - 1):
-        slope = (values[j + 1] - values[j]) / (knots[j + 1] - knots[j])
+        us_per_mb = float((values[j + 1] - values[j]) / (knots[j + 1] - knots[j]) * 1e6)
         last = j == len(knots) - 2
-        segments.append(Segment(None if last else int(knots[j + 1]),
-                                float(values[j] - slope * knots[j]), float(slope * 1e6)))
+        segments.append(_segment_from(int(knots[j]), float(values[j]), us_per_mb,
+                                      None if last else int(knots[j + 1])))
     merged = [segments[0]]
     for segment in segments[1:]:  # neighbours on one line (equal knot values) merge
         prev = merged[-1]
@@ -121,6 +122,18 @@ def fit_curve(points) -> CostCurve:
         else:
             merged.append(segment)
     return CostCurve(tuple(merged))
+
+
+def _segment_from(start: int, value: float, us_per_mb: float, up_to: int | None) -> Segment:
+    """The segment of slope us_per_mb through (start, value), its intercept
+    taken as Segment.predict computes, so that it predicts `value` at its
+    start to rounding, and never below zero there: a knot value pooled to
+    0 (a noisy fit) would otherwise predict -1e-14 us and fail the table's
+    own check (selection/table.py)."""
+    latency = value - us_per_mb * start / 1e6
+    while Segment(up_to, latency, us_per_mb).predict(start) < 0:
+        latency = math.nextafter(latency, math.inf)
+    return Segment(up_to, latency, us_per_mb)
 
 
 def _spline_fit(knots, sizes, times):
