@@ -344,8 +344,10 @@ def test_fit_is_monotone_and_close_on_noisy_measurements():
 def test_fit_with_a_knot_pooled_to_zero_passes_the_tables_check():
     """Measurements so noisy that the fit's first knot pools to 0 us (a busy
     CPU machine's psum, as CI saw on 2026-12-07): the segment after it must
-    still predict no negative time at that knot once written as JSON and
-    read back, or tune would refuse its own table."""
+    still predict no negative time at that knot in the file tune writes
+    (table_to_json, as JSON text) once read back, or tune would refuse its
+    own table."""
+    defaults = selection.default_table("cpu", "cpu", 2)
     for points in (
             [(1024, 583.5530141960288), (2048, 1301.4897564282135), (4096, 2734.4512215036557),
              (8192, 27.499223441649026), (16384, 119.89621570910239)],
@@ -353,10 +355,10 @@ def test_fit_with_a_knot_pooled_to_zero_passes_the_tables_check():
              (8192, 1304.1542581094543), (16384, 1591.3683663928446)]):
         curve = fit_curve(points)
         assert curve.segments[0].latency_us == 0.0  # the pooled knot this is about
-        written = json.loads(json.dumps(
-            [{"up_to_bytes": s.up_to_bytes, "latency_us": s.latency_us, "us_per_mb": s.us_per_mb}
-             for s in curve.segments]))
-        read = _table._parse_curve(written)
+        table = _table.Table("cpu", "cpu", 2, {**defaults.curves, "psum": curve}, "tune")
+        written = json.loads(json.dumps(_table.table_to_json(table, VERSION)))
+        read = _table._parse_curve(written["algorithms"]["psum"])
+        assert read == curve  # the file keeps the fitted figures
         predicted = [read.predict(s) for s in [1] + [b for b, _ in points] + [1 << 20]]
         assert min(predicted) >= 0 and predicted == sorted(predicted), predicted
 

@@ -165,9 +165,11 @@ def table_to_json(table: Table, version: str, extra: dict | None = None) -> dict
         "platform": table.platform,
         "device_kind": table.device_kind,
         "world_size": table.world_size,
+        # The figures as they are: rounded, a fitted line through a knot at
+        # 0 us could predict a negative time there and fail load_table.
         "algorithms": {
-            name: [{"up_to_bytes": s.up_to_bytes, "latency_us": round(s.latency_us, 4),
-                    "us_per_mb": round(s.us_per_mb, 4)} for s in curve.segments]
+            name: [{"up_to_bytes": s.up_to_bytes, "latency_us": s.latency_us,
+                    "us_per_mb": s.us_per_mb} for s in curve.segments]
             for name, curve in table.curves.items()
         },
     }
