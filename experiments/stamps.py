@@ -121,6 +121,10 @@ def main():
                         help="each warp's own turn times (tstamp's turn lines)")
     args = parser.parse_args()
     unit = "us" if args.mhz else "cycles"
+
+    def cells(values):
+        return " | ".join(f"{v / args.mhz:.2f}" if args.mhz else f"{v:.0f}" for v in values)
+
     if args.turns:
         with open(args.log) as f:
             spans = warp_turns(f)
@@ -128,16 +132,14 @@ def main():
               f"| to next turn or end ({unit}) |")
         print("|---" * 8 + "|")
         for (variant, ranks, kernel, nbytes, turn), values in spans.items():
-            cells = [f"{v / args.mhz:.2f}" if args.mhz else f"{v:.0f}" for v in values]
-            print(f"| {variant} | {ranks} | {kernel} | {nbytes} | {turn} | " + " | ".join(cells) + " |")
+            print(f"| {variant} | {ranks} | {kernel} | {nbytes} | {turn} | {cells(values)} |")
         return
     with open(args.log) as f:
         table = summarize(read_blocks(f))
     print("| variant | ranks | kernel | bytes | blocks | " + " | ".join(COLUMNS) + f" ({unit}) |")
     print("|---" * (5 + len(COLUMNS)) + "|")
     for (variant, ranks, kernel, nbytes), (count, medians) in table.items():
-        cells = [f"{v / args.mhz:.2f}" if args.mhz else f"{v:.0f}" for v in medians.values()]
-        print(f"| {variant} | {ranks} | {kernel} | {nbytes} | {count} | " + " | ".join(cells) + " |")
+        print(f"| {variant} | {ranks} | {kernel} | {nbytes} | {count} | {cells(medians.values())} |")
 
 
 if __name__ == "__main__":
