@@ -1,5 +1,6 @@
 """experiments/pick.py: which kernel variant of a device A/B lands;
 experiments/sass_size.py: the kernels' machine code, counted;
+experiments/ptxas_use.py: two builds' registers and spills, kernel by kernel;
 experiments/stamps.py: a stamped launch's timeline; and
 experiments/chain_drift.py: a chain of fused calls against bench's
 emulation, call by call."""
@@ -117,6 +118,40 @@ def test_sass_size_counts_each_kernel_and_drops_the_build_hash():
         "_ZN6jax_ar3gpu13TwoShotKernelEv": {"instructions": 1},
         "_ZN6jax_ar3gpu13RmsNormKernelEv": {"instructions": 1},
     }
+
+
+def ptxas_log(build_hash, one_spill):
+    """What `-Xptxas -v` prints for two kernels of one file (abridged): each
+    kernel's own frame line, then a called function's."""
+    lines = []
+    for kernel, spill in (("9OneKernelEv", one_spill), ("9TwoKernelEv", 0)):
+        name = f"_ZN6jax_ar3gpu46_GLOBAL__N__{build_hash}_11_rms_norm_cu_1234abcd{kernel}"
+        lines += [
+            f"ptxas info    : Compiling entry function '{name}' for 'sm_90'",
+            f"ptxas info    : Function properties for {name}",
+            f"    48 bytes stack frame, {spill} bytes spill stores, {spill // 2} bytes spill loads",
+            "ptxas info    : Used 128 registers, used 1 barriers, 48 bytes cumulative stack size",
+            "ptxas info    : Compile time = 95.1 ms",
+            "ptxas info    : Function properties for _ZN6jax_ar3gpu6Waiter5CheckEi",
+            "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def test_ptxas_use_reports_each_kernels_own_spills_across_builds(tmp_path):
+    # The two builds differ in the namespace's hash and in OneKernel's spills;
+    # the callee's zero-spill line after each kernel's own is not the kernel's.
+    (tmp_path / "a.log").write_text(ptxas_log("0f1e2d3c", 24))
+    (tmp_path / "b.log").write_text(ptxas_log("9a8b7c6d", 80))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "ptxas_use.py"),
+                           str(tmp_path / "a.log"), str(tmp_path / "b.log")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "OneKernel" in lines[0]
+    assert lines[1].endswith("a.log: 128 registers, 48 B frame, spill 24 / 12 B")
+    assert lines[2].endswith("b.log: 128 registers, 48 B frame, spill 80 / 40 B")
+    assert lines[3:] == ["1 of 2 kernels differ"]
 
 
 def test_stamps_reads_each_block_from_its_earliest_start():
