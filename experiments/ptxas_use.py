@@ -34,9 +34,9 @@ FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) by
 REGISTERS = re.compile(r"Used (\d+) registers")
 
 
-def kernel_use(log: str) -> dict[str, dict]:
-    """Kernel name (hash dropped) -> registers, frame, spill stores and loads
-    (and "name": the name as built)."""
+def kernel_use(log: str) -> dict[str, tuple[str, dict[str, int]]]:
+    """Kernel name (hash dropped) -> (the name as built, its registers,
+    frame, spill stores and loads)."""
     kernels: set[str] = set()
     use: dict[str, dict[str, int]] = {}
     entry = described = None  # the kernel being compiled; the function the next frame line is of
@@ -54,7 +54,7 @@ def kernel_use(log: str) -> dict[str, dict]:
             described = None
         elif (match := REGISTERS.search(line)) and entry is not None:
             use.setdefault(entry, {})["registers"] = int(match.group(1))
-    return {without_build_hash(name): {**use.get(name, {}), "name": name} for name in kernels}
+    return {without_build_hash(name): (name, use.get(name, {})) for name in kernels}
 
 
 def readable(names: list[str]) -> list[str]:
@@ -70,7 +70,7 @@ def readable(names: list[str]) -> list[str]:
     return [name.replace("(anonymous namespace)::", "") for name in out]
 
 
-def describe(use: dict | None) -> str:
+def describe(use: dict[str, int] | None) -> str:
     if use is None:
         return "absent"
     return (f"{use.get('registers', '?')} registers, {use.get('frame', '?')} B frame, "
@@ -85,14 +85,13 @@ def main() -> None:
     with open(args.a) as a, open(args.b) as b:
         use_a, use_b = kernel_use(a.read()), kernel_use(b.read())
     names = sorted(set(use_a) | set(use_b))
-    def figures(use: dict | None) -> dict | None:
-        return None if use is None else {k: v for k, v in use.items() if k != "name"}
-
-    differ = [n for n in names if figures(use_a.get(n)) != figures(use_b.get(n))]
-    built = [(use_a.get(n) or use_b[n])["name"] for n in differ]
+    figures_a = {n: figures for n, (_, figures) in use_a.items()}
+    figures_b = {n: figures for n, (_, figures) in use_b.items()}
+    differ = [n for n in names if figures_a.get(n) != figures_b.get(n)]
+    built = [(use_a.get(n) or use_b[n])[0] for n in differ]
     for name, shown in zip(differ, readable(built)):
-        print(f"{shown}\n  {args.a}: {describe(use_a.get(name))}\n"
-              f"  {args.b}: {describe(use_b.get(name))}")
+        print(f"{shown}\n  {args.a}: {describe(figures_a.get(name))}\n"
+              f"  {args.b}: {describe(figures_b.get(name))}")
     print(f"{len(differ)} of {len(names)} kernels differ")
 
 
