@@ -1,9 +1,10 @@
 """experiments/pick.py: which kernel variant of a device A/B lands;
 experiments/sass_size.py: the kernels' machine code, counted;
 experiments/ptxas_use.py: two builds' registers and spills, kernel by kernel;
-experiments/stamps.py: a stamped launch's timeline; and
+experiments/stamps.py: a stamped launch's timeline;
 experiments/chain_drift.py: a chain of fused calls against bench's
-emulation, call by call."""
+emulation, call by call; and experiments/pack_out.sh: a device command's
+$OUT down to the eight files that come back."""
 import importlib.util
 import json
 import os
@@ -231,3 +232,37 @@ def test_chain_drift_follows_the_chain_call_by_call(tmp_path):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert all(line["off_out"] == line["off_residual"] == 0 and line["differ"] > 0
                and 1 <= line["call"] <= 4 for line in lines), lines
+
+
+def run_pack_out(out, *names):
+    return subprocess.run(["bash", os.path.join(ROOT, "experiments", "pack_out.sh"), str(out),
+                           *names], capture_output=True, text=True, timeout=60)
+
+
+def test_pack_out_keeps_the_named_files_and_packs_the_rest_whole(tmp_path):
+    import tarfile
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "rank0.log").write_text("rank 0\n")
+    for name in ("summary.txt", "bench.log", "results.tar.gz", "standing.jsonl"):
+        (out / name).write_text(name + "\n")
+    proc = run_pack_out(out, "summary.txt", "standing.jsonl", "absent.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == ["rest.tgz", "standing.jsonl", "summary.txt"]
+    assert (out / "summary.txt").read_text() == "summary.txt\n"
+    with tarfile.open(out / "rest.tgz") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert {"bench.log", "results.tar.gz", "logs/rank0.log"} <= set(members)
+        assert tar.extractfile(members["logs/rank0.log"]).read() == b"rank 0\n"
+
+
+def test_pack_out_leaves_a_folder_alone_when_eight_would_not_hold_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    names = [f"f{i}.txt" for i in range(8)]
+    for name in names + ["extra.log"]:
+        (out / name).write_text(name)
+    proc = run_pack_out(out, *names)
+    assert proc.returncode == 2 and "more than 8" in proc.stderr
+    assert sorted(os.listdir(out)) == sorted(names + ["extra.log"])
+    assert run_pack_out(out, *names, "extra.log").returncode == 0  # nothing to pack
